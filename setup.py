@@ -1,17 +1,23 @@
-"""Builds gguftool._fast._kernels: the C kernels in gguftool/_fast/*.c behind a thin Cython layer.
+"""Builds one extension per kernel family: gguftool/_fast/_NAME.pyx + gguftool/_fast/gqt_NAME*.c.
 
-Portable flags only: SIMD paths are compiled in the native llama.cpp build, never in the wheel."""
+The C files are the same ones the native llama.cpp build compiles. Portable flags only: SIMD
+paths are compiled in the native build, never in the wheel (no -march=native here)."""
 from glob import glob
+from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-ext = Extension(
-    "gguftool._fast._kernels",
-    sources=["gguftool/_fast/_kernels.pyx", *sorted(glob("gguftool/_fast/gqt_*.c"))],
-    include_dirs=["gguftool/_fast", np.get_include()],
-    extra_compile_args=["-O2", "-std=c99", "-fno-fast-math"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-)
-setup(ext_modules=cythonize([ext], language_level=3))
+FAST = Path("gguftool/_fast")
+extensions = [
+    Extension(
+        f"gguftool._fast.{pyx.stem}",
+        sources=[str(pyx), *sorted(glob(str(FAST / f"gqt{pyx.stem}*.c")))],
+        include_dirs=[str(FAST), np.get_include()],
+        extra_compile_args=["-O2", "-std=c99", "-fno-fast-math"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for pyx in sorted(FAST.glob("_*.pyx"))
+]
+setup(ext_modules=cythonize(extensions, language_level=3))
