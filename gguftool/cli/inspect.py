@@ -1,0 +1,80 @@
+"""gguftool inspect: what a GGUF file holds."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from ..io.reader import GGUFFile
+from . import formatter
+
+EXAMPLES = """examples:
+  gguftool inspect model.gguf
+  gguftool inspect model.gguf --tensors
+  gguftool inspect model.gguf --format json | jq .types
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("inspect", help="show architecture, size, bits per weight and tensor types of a GGUF file",
+                       epilog=EXAMPLES, formatter_class=formatter)
+    p.add_argument("file", help="GGUF file")
+    p.add_argument("--tensors", action="store_true", help="list every tensor (name, shape, type, bytes)")
+    p.add_argument("--metadata", action="store_true", help="list metadata keys (long arrays abbreviated)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=run)
+
+
+def summarize(f: GGUFFile) -> dict:
+    by_type: dict[str, dict[str, float]] = defaultdict(lambda: {"tensors": 0, "params": 0, "bytes": 0})
+    for t in f.tensors:
+        d = by_type[t.type.name]
+        d["tensors"] += 1
+        d["params"] += t.n_elements
+        d["bytes"] += t.n_bytes
+    n_params = sum(t.n_elements for t in f.tensors)
+    n_bytes = sum(t.n_bytes for t in f.tensors)
+    return {
+        "file": str(f.path),
+        "architecture": f.architecture,
+        "name": f.get("general.name"),
+        "parameters": n_params,
+        "tensor_bytes": n_bytes,
+        "file_bytes": f.path.stat().st_size,
+        "bits_per_weight": 8.0 * n_bytes / n_params if n_params else 0.0,
+        "types": {k: {**v, "bpw": 8.0 * v["bytes"] / v["params"]} for k, v in sorted(by_type.items())},
+        "gguftool_types": sorted({t.type.name for t in f.tensors if t.type.custom}),
+    }
+
+
+def _short(v):
+    if isinstance(v, list) and len(v) > 8:
+        return f"[{', '.join(map(repr, v[:4]))}, ... {len(v)} items]"
+    return v
+
+
+def run(args) -> int:
+    f = GGUFFile(args.file)
+    info = summarize(f)
+    if args.tensors:
+        info["tensors"] = [{"name": t.name, "shape": list(t.shape), "type": t.type.name, "bytes": t.n_bytes}
+                           for t in f.tensors]
+    if args.metadata:
+        info["metadata"] = {k: _short(v) for k, v in f.metadata.items()}
+    if args.format == "json":
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    print(f"{info['file']}")
+    print(f"  architecture  {info['architecture']}" + (f"  ({info['name']})" if info["name"] else ""))
+    print(f"  parameters    {info['parameters'] / 1e6:.1f} M")
+    print(f"  size          {info['tensor_bytes'] / 2**20:.1f} MiB of tensors, {info['file_bytes'] / 2**20:.1f} MiB file")
+    print(f"  bits/weight   {info['bits_per_weight']:.3f}")
+    print(f"  {'type':<12}{'tensors':>8}{'params':>14}{'MiB':>10}{'bpw':>8}")
+    for k, v in info["types"].items():
+        print(f"  {k:<12}{v['tensors']:>8}{v['params']:>14,}{v['bytes'] / 2**20:>10.1f}{v['bpw']:>8.3f}")
+    if args.metadata:
+        for k, v in info["metadata"].items():
+            print(f"  {k} = {v}")
+    if args.tensors:
+        for t in info["tensors"]:
+            print(f"  {t['name']:<48}{str(t['shape']):<20}{t['type']:<12}{t['bytes']:>12,}")
+    return 0

@@ -1,0 +1,208 @@
+"""GGUF reader for every upstream type and ours, on top of gguf.GGUFReader.
+
+gguf.GGUFReader parses the header and metadata well but turns every tensor type into its
+GGMLQuantizationType enum, which refuses ids it does not know (ours, and upstream ids newer than
+the installed package). We reuse its parsing and replace only the tensor step, so nothing is forked.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField
+
+from .. import types as registry
+from ..errors import GgufToolError
+
+UPSTREAM_NEWEST_ID = 42  # ggml's highest id in the pinned llama.cpp (Q2_0); see gguftool/types.py
+_PLAIN_DTYPES = {
+    GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
+
+
+@dataclass(frozen=True)
+class TensorType:
+    id: int
+    name: str
+    block_size: int
+    type_size: int
+    custom: bool
+
+    @property
+    def quantized(self) -> bool:
+        return self.block_size > 1 or self.name == "BF16"
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.type_size / self.block_size
+
+
+def tensor_type(type_id: int, where: str = "") -> TensorType:
+    """The type behind a GGUF type id, or a clear error for ids we cannot read."""
+    custom = registry.lookup(type_id)
+    if custom is not None:
+        return TensorType(custom.id, custom.name, custom.block_size, custom.type_size, True)
+    try:
+        t = GGMLQuantizationType(type_id)
+    except ValueError:
+        if type_id in registry.RETIRED_IDS:
+            problem = f"type id {type_id} is the retired gguftool type {registry.RETIRED_IDS[type_id].name}"
+        elif type_id in registry.GGUFTOOL_ID_RANGE:
+            problem = f"type id {type_id} is in gguftool's range but unknown to this version (written by a newer gguftool?)"
+        elif type_id <= UPSTREAM_NEWEST_ID:
+            problem = f"type id {type_id} is an upstream ggml type that the installed gguf package does not know"
+        else:
+            problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
+        raise GgufToolError(f"{where}{problem}", hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it")
+    block, size = GGML_QUANT_SIZES[t]
+    return TensorType(int(t), t.name, block, size, False)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]      # numpy order: (..., rows, n_per_row); GGUF's ne reversed
+    type: TensorType
+    offset: int                 # absolute file offset of the data
+    n_bytes: int
+    data: np.ndarray            # memory-mapped: typed for plain types, uint8 [.., rows, row_bytes] for blocks
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def n_per_row(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // self.shape[-1]
+
+    def raw_rows(self) -> np.ndarray:
+        """The data as uint8 [rows, row_bytes]."""
+        return self.data.view(np.uint8).reshape(self.n_rows, -1)
+
+
+class _Reader(GGUFReader):
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        size = len(self.data)
+        self.gt_tensors: list[Tensor] = []
+        seen: set[str] = set()
+        for field in fields:
+            _nl, name_data, _nd, dims, raw_dtype, offset_tensor = field.parts
+            name = bytes(name_data).decode("utf-8", errors="replace")
+            where = f"tensor {name!r}: "
+            if name in seen:
+                raise GgufToolError(f"{where}duplicated tensor name")
+            seen.add(name)
+            ne = [int(d) for d in dims]
+            if any(d <= 0 for d in ne):
+                raise GgufToolError(f"{where}invalid dimensions {ne}")
+            t = tensor_type(int(raw_dtype[0]), where)
+            n = int(np.prod(ne, dtype=np.int64)) if ne else 1
+            if ne[0] % t.block_size:
+                raise GgufToolError(f"{where}row of {ne[0]} values does not divide {t.name}'s block of {t.block_size}")
+            n_bytes = n // t.block_size * t.type_size
+            offs = int(start_offs + int(offset_tensor[0]))
+            if offs % self.alignment:
+                raise GgufToolError(f"{where}data offset {offs} is not aligned to {self.alignment}")
+            if offs + n_bytes > size:
+                raise GgufToolError(f"{where}data runs past the end of the file ({offs + n_bytes} > {size} bytes)",
+                                    hint="the file is truncated; download or convert it again")
+            shape = tuple(reversed(ne))
+            dtype = _PLAIN_DTYPES.get(t.id) if not t.custom else None
+            if dtype is not None:
+                data = self.data[offs:offs + n_bytes].view(dtype).reshape(shape)
+            else:
+                data = self.data[offs:offs + n_bytes].reshape(*shape[:-1], ne[0] // t.block_size * t.type_size)
+            self.gt_tensors.append(Tensor(name, shape, t, offs, n_bytes, data))
+        # gguf's own ReaderTensor list is not built: it cannot represent our types.
+        self.tensors = []
+
+
+def _field_value(field: ReaderField) -> Any:
+    v = field.contents()
+    if isinstance(v, np.generic):
+        v = v.item()
+    return v
+
+
+class GGUFFile:
+    """A parsed GGUF file: metadata, tensors (memory-mapped) and the gguftool type records."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GgufToolError(f"{self.path}: no such file")
+        if self.path.stat().st_size < 24:
+            raise GgufToolError(f"{self.path}: too short to be a GGUF file ({self.path.stat().st_size} bytes)")
+        try:
+            r = _Reader(self.path, "r")
+        except GgufToolError as e:
+            raise GgufToolError(f"{self.path}: {e.message}", e.hint) from None
+        except (ValueError, IndexError, KeyError, UnicodeDecodeError, OverflowError, MemoryError, TypeError) as e:
+            if "magic" in str(e):
+                raise GgufToolError(f"{self.path}: not a GGUF file (bad magic)") from None
+            raise GgufToolError(f"{self.path}: corrupt or truncated GGUF header ({type(e).__name__}: {e})") from None
+        self._reader = r
+        self.alignment = int(r.alignment)
+        self.data_offset = int(r.data_offset)
+        self.fields: dict[str, ReaderField] = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
+        self.tensors: list[Tensor] = r.gt_tensors
+        self._by_name = {t.name: t for t in self.tensors}
+        self._check_type_records()
+
+    # -- metadata --------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        f = self.fields.get(key)
+        return default if f is None else _field_value(f)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {k: _field_value(f) for k, f in self.fields.items()}
+
+    @property
+    def architecture(self) -> str:
+        return str(self.get("general.architecture", "unknown"))
+
+    def field_type(self, key: str) -> tuple[GGUFValueType, GGUFValueType | None]:
+        f = self.fields[key]
+        main = GGUFValueType(f.types[0])
+        return main, (GGUFValueType(f.types[-1]) if main == GGUFValueType.ARRAY and len(f.types) > 1 else None)
+
+    # -- tensors ---------------------------------------------------------------
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise GgufToolError(f"{self.path}: no tensor named {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def _check_type_records(self) -> None:
+        """Every gguftool type record in the file must agree with our table."""
+        recorded: dict[str, dict[str, int]] = {}
+        for key in self.fields:
+            if key.startswith(registry.META_PREFIX):
+                tname, _, attr = key[len(registry.META_PREFIX):].rpartition(".")
+                recorded.setdefault(tname, {})[attr] = int(self.get(key))
+        for tname, rec in recorded.items():
+            ours = registry.lookup(tname)
+            if ours is None:
+                raise GgufToolError(f"{self.path}: records gguftool type {tname} which this version does not know",
+                                    hint="upgrade gguftool")
+            for attr in registry.META_FIELDS:
+                if attr in rec and rec[attr] != getattr(ours, attr):
+                    raise GgufToolError(
+                        f"{self.path}: its record of {tname} says {attr}={rec[attr]}, but this gguftool has "
+                        f"{attr}={getattr(ours, attr)}: the file was written with an incompatible type table",
+                        hint="requantize from the original model with this gguftool version")

@@ -1,0 +1,1 @@
+"""plan -> read -> (convert) -> quantize -> write -> validate. Progress bars live here."""

@@ -1,0 +1,141 @@
+"""Which type each tensor gets: llama.cpp's default mixing rules, user overrides, and fallbacks.
+
+Rules follow llama-quantize (src/llama-quant.cpp): only 2-D+ `*.weight` tensors are quantized;
+norms and other 1-D tensors keep their type; `output.weight` (or a tied `token_embd.weight`)
+stays at higher precision (Q8_0 here, where llama.cpp picks Q6_K that we do not produce);
+a tensor whose rows do not divide the block size falls back to a type that fits.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import GgufToolError
+from ..io.reader import GGUFFile, Tensor, TensorType, tensor_type
+from ..quant import codec
+
+OUTPUT = "output.weight"
+TOKEN_EMBD = "token_embd.weight"
+HIGH_PRECISION = "Q8_0"
+# Never quantized, whatever the target (llama-quant.cpp's exclusions that apply to 2-D tensors).
+KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "pos_embd", "token_types",
+                 "altup", "laurel", "per_layer_model_proj")
+# Fallback chains when the row length does not divide the block size.
+FALLBACK = {"Q4_HQQ_128": "Q4_HQQ", "Q4_HQQ": "Q4_1"}
+
+
+@dataclass
+class Options:
+    target: str
+    allow_requantize: bool = False
+    tensor_types: list[tuple[re.Pattern[str], str]] = field(default_factory=list)  # first match wins
+    output_tensor_type: str | None = None
+    token_embedding_type: str | None = None
+    pure: bool = False
+    leave_output_tensor: bool = False
+
+
+@dataclass
+class Step:
+    tensor: Tensor
+    out_type: TensorType
+    action: str          # "copy" (bytes unchanged) or "quantize"
+    note: str = ""
+
+    @property
+    def out_bytes(self) -> int:
+        return self.tensor.n_elements // self.out_type.block_size * self.out_type.type_size
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+
+    @property
+    def in_bytes(self) -> int:
+        return sum(s.tensor.n_bytes for s in self.steps)
+
+    @property
+    def out_bytes(self) -> int:
+        return sum(s.out_bytes for s in self.steps)
+
+    @property
+    def n_params(self) -> int:
+        return sum(s.tensor.n_elements for s in self.steps)
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{s.tensor.name}: {s.note}" for s in self.steps if s.note]
+
+
+def parse_tensor_type(spec: str) -> tuple[re.Pattern[str], str]:
+    pattern, sep, tname = spec.rpartition("=")
+    if not sep or not pattern:
+        raise GgufToolError(f"--tensor-type {spec!r}: expected REGEX=TYPE", hint="e.g. --tensor-type 'attn_v=Q8_0'")
+    try:
+        return re.compile(pattern), _producible(tname).name
+    except re.error as e:
+        raise GgufToolError(f"--tensor-type {spec!r}: bad regular expression: {e}") from None
+
+
+def _producible(name: str):
+    c = codec(name)
+    if c.quantize is None:
+        raise GgufToolError(f"gguftool cannot produce {c.name} (it can read it)",
+                            hint="targets: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_HQQ Q4_HQQ_128 TQ3_0")
+    return c
+
+
+def _fit(tname: str, n_per_row: int) -> tuple[str, str]:
+    """The type itself if its block divides the row, else the first fallback that does."""
+    wanted = tname
+    while n_per_row % codec(tname).block_size:
+        tname = FALLBACK.get(tname) or ("Q8_0" if n_per_row % 32 == 0 else "F16")
+    note = f"row of {n_per_row} does not divide {wanted}'s block: using {tname}" if tname != wanted else ""
+    return tname, note
+
+
+def make_plan(src: GGUFFile, opts: Options) -> Plan:
+    _producible(opts.target)
+    has_output = OUTPUT in src
+    steps = []
+    for t in src.tensors:
+        tname, note = _choose(t, opts, has_output)
+        if tname is None:
+            steps.append(Step(t, t.type, "copy"))
+            continue
+        tname, fit_note = _fit(tname, t.n_per_row)
+        out = tensor_type(codec(tname).id)
+        if out.id == t.type.id:
+            steps.append(Step(t, out, "copy", note))
+            continue
+        if t.type.quantized and not opts.allow_requantize:
+            raise GgufToolError(f"{src.path}: tensor {t.name!r} is already quantized ({t.type.name})",
+                                hint="pass --allow-requantize to requantize it (quality is lost twice)")
+        if codec(t.type.name).dequantize is None:
+            raise GgufToolError(f"{src.path}: tensor {t.name!r} has type {t.type.name}, which gguftool cannot dequantize")
+        steps.append(Step(t, out, "quantize", "; ".join(n for n in (note, fit_note) if n)))
+    return Plan(steps)
+
+
+def _choose(t: Tensor, opts: Options, has_output: bool) -> tuple[str | None, str]:
+    """Target type name for one tensor, or None to keep it as it is."""
+    name = t.name
+    if len(t.shape) < 2 or not name.endswith(".weight"):
+        return None, ""
+    for pattern, tname in opts.tensor_types:
+        if pattern.search(name):
+            return tname, f"--tensor-type {pattern.pattern}"
+    if any(p in name for p in KEEP_PATTERNS):
+        return None, ""
+    is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
+    if name == OUTPUT and opts.leave_output_tensor:
+        return None, ""
+    if is_output and opts.output_tensor_type:
+        return _producible(opts.output_tensor_type).name, ""
+    if name == TOKEN_EMBD and opts.token_embedding_type:
+        return _producible(opts.token_embedding_type).name, ""
+    if is_output and not opts.pure:
+        hp = HIGH_PRECISION if codec(opts.target).bpw < codec(HIGH_PRECISION).bpw else opts.target
+        return hp, ("output tensor kept at higher precision" if hp != opts.target else "")
+    return opts.target, ""

@@ -1,0 +1,76 @@
+"""Requantize a GGUF file by a plan, streaming tensor by tensor (row chunks for big tensors)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType, LlamaFileType
+
+from ..errors import GgufToolError
+from ..io.reader import GGUFFile, Tensor
+from ..io.writer import StreamingWriter
+from ..quant import Codec, codec
+from .plan import Plan
+from .progress import bar
+
+CHUNK_VALUES = 1 << 24  # ~64 MiB of float32 per step: memory stays flat for any model size
+
+
+def solver_params(c: Codec, params: dict[str, Any]) -> dict[str, Any]:
+    """The subset of user solver parameters that codec `c` takes."""
+    if "solver" in c.params:  # a stock layout: parameters apply only with the hqq solver
+        return dict(params) if params.get("solver", "ref") != "ref" else {}
+    return {k: v for k, v in params.items() if k in c.params}
+
+
+def dequantize_rows(src: GGUFFile, t: Tensor, r0: int, r1: int) -> np.ndarray:
+    rows = t.raw_rows()[r0:r1]
+    return np.asarray(codec(t.type.name).dequantize(rows), dtype=np.float32).reshape(r1 - r0, t.n_per_row)
+
+
+def quantize_tensor(src: GGUFFile, t: Tensor, out: Codec, threads: int, params: dict[str, Any], progress=None):
+    """Yields the output bytes of `t` chunk by chunk, as uint8 [rows, row_bytes]."""
+    step = max(1, CHUNK_VALUES // t.n_per_row)
+    p = solver_params(out, params)
+    for r0 in range(0, t.n_rows, step):
+        r1 = min(t.n_rows, r0 + step)
+        x = dequantize_rows(src, t, r0, r1)
+        bad = ~np.isfinite(x)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise GgufToolError(f"{src.path}: tensor {t.name!r} holds {x[r, c]} at row {r0 + r}, column {c}",
+                                hint="the model is broken; fix the source weights (no type can encode NaN/Inf)")
+        try:
+            q = out.quantize(x, threads=threads, **p)
+        except GgufToolError as e:
+            raise GgufToolError(f"tensor {t.name!r}: {e.message}", e.hint) from None
+        if progress is not None:
+            progress.update((r1 - r0) * t.n_per_row * t.type.type_size // t.type.block_size)
+        yield q
+
+
+def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int = 1,
+        params: dict[str, Any] | None = None, record: dict[str, str] | None = None) -> None:
+    params = params or {}
+    w = StreamingWriter(out_path, src.architecture)
+    w.copy_metadata(src)
+    ftype = getattr(LlamaFileType, f"MOSTLY_{target}", None) or (LlamaFileType.ALL_F32 if target == "F32" else None)
+    if ftype is not None:
+        w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
+    elif "general.file_type" in src.fields:
+        w._w.kv_data[0].pop("general.file_type", None)  # no llama_ftype for our types: let llama.cpp guess
+    w.add_tool_record({"quantize.target": target, **(record or {})})
+    for s in plan.steps:
+        w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
+    with w.session(), bar(plan.in_bytes, f"quantize {Path(out_path).name}") as pb:
+        w.begin()
+        for s in plan.steps:
+            t = s.tensor
+            if s.action == "copy":
+                w.write(t.raw_rows())
+                pb.update(t.n_bytes)
+                continue
+            out = codec(s.out_type.name)
+            w.write_chunks(quantize_tensor(src, t, out, threads, params, pb))
+        w.commit()

@@ -1,0 +1,79 @@
+"""Quantization codecs: one per GGML type, standard (via gguf.quants) and ours.
+
+A codec turns a float32 matrix of rows into a uint8 matrix of blocks and back. Pipeline code
+only talks to `codec(name)`; each family module registers its codecs at import.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import GgufToolError
+
+QuantizeFn = Callable[..., np.ndarray]   # (x: float32 [rows, n], *, threads: int, **params) -> uint8 [rows, row_bytes]
+DequantizeFn = Callable[[np.ndarray], np.ndarray]  # uint8 [rows, row_bytes] -> float32 [rows, n]
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    id: int
+    block_size: int
+    type_size: int
+    quantize: QuantizeFn | None      # None: the type can be read but not produced
+    dequantize: DequantizeFn | None
+    custom: bool = False             # one of gguftool's own ids
+    params: dict[str, Any] = field(default_factory=dict)  # solver parameters it accepts, with defaults
+
+    def row_bytes(self, n_per_row: int) -> int:
+        return n_per_row // self.block_size * self.type_size
+
+    @property
+    def bpw(self) -> float:
+        return 8.0 * self.type_size / self.block_size
+
+
+_CODECS: dict[str, Codec] = {}
+_UNAVAILABLE: dict[str, str] = {}  # family module -> why it could not load
+
+
+def register(c: Codec) -> Codec:
+    _CODECS[c.name] = c
+    return c
+
+
+def _load() -> None:
+    if _CODECS:
+        return
+    from . import standard  # noqa: F401  (registers the upstream types)
+    for module in ("hqq", "tq3"):
+        try:
+            __import__(f"{__name__}.{module}")
+        except ImportError as e:  # its C extension is not built: the other types still work
+            _UNAVAILABLE[module] = str(e)
+
+
+def codec(name: str) -> Codec:
+    _load()
+    c = _CODECS.get(name.upper())
+    if c is None:
+        from ..types import lookup
+        if lookup(name) is not None and _UNAVAILABLE:
+            raise GgufToolError(f"{name.upper()} needs gguftool's C extension, which failed to load: "
+                                + "; ".join(_UNAVAILABLE.values()),
+                                hint="reinstall with `pip install .` (it compiles the extension)")
+        raise GgufToolError(f"unknown quantization type {name!r}",
+                            hint="known: " + ", ".join(sorted(_CODECS)))
+    return c
+
+
+def codec_by_id(type_id: int) -> Codec | None:
+    _load()
+    return next((c for c in _CODECS.values() if c.id == type_id), None)
+
+
+def all_codecs() -> list[Codec]:
+    _load()
+    return sorted(_CODECS.values(), key=lambda c: c.id)
