@@ -1,0 +1,157 @@
+"""`gguftool quantize` end to end: plans, standard-type bytes, streaming, and bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+from gguftool.cli import main
+from gguftool.errors import GgufToolError
+from gguftool.io.reader import GGUFFile
+from gguftool.pipeline import plan as planning
+from gguftool.pipeline import quantize as qpipe
+
+from .conftest import tiny_llama
+
+
+def _quantize(*args) -> int:
+    return main(["quantize", *map(str, args)])
+
+
+@pytest.mark.parametrize("target", ["Q8_0", "Q4_0"])
+def test_smollm2_requantize_is_llamacpp_reference_bytes(tmp_path, smollm2, target):
+    out = tmp_path / f"smol-{target}.gguf"
+    assert _quantize(smollm2, out, target, "--allow-requantize", "--threads", "2") == 0
+    src, dst = GGUFFile(smollm2), GGUFFile(out)
+    qt = GGMLQuantizationType[target]
+    checked = 0
+    for t in src.tensors:
+        u = dst.tensor(t.name)
+        if len(t.shape) < 2:
+            assert u.type == t.type and np.array_equal(u.raw_rows(), t.raw_rows())
+            continue
+        if t.name == "token_embd.weight":  # tied output: kept at Q8_0
+            assert u.type.name == "Q8_0"
+            continue
+        assert u.type.name == target
+        # gguf.quants is a bit-exact numpy port of ggml's quantize_row_*_ref; dequantize with it too.
+        x = quants.dequantize(t.raw_rows(), GGMLQuantizationType[t.type.name])
+        assert np.array_equal(u.raw_rows(), quants.quantize(x, qt)), t.name
+        checked += 1
+    assert checked == 210
+    # the stock reader reads our standard-type output, and metadata survived
+    r = GGUFReader(out)
+    assert len(r.tensors) == len(src.tensors)
+    assert dst.get("tokenizer.ggml.tokens") == src.get("tokenizer.ggml.tokens")
+    assert dst.get("general.file_type") == {"Q8_0": 7, "Q4_0": 2}[target]
+
+
+def test_tensor_type_rules_on_a_real_model(tmp_path, smollm2):
+    out = tmp_path / "smol-q41.gguf"
+    assert _quantize(smollm2, out, "Q4_1", "--allow-requantize", "--pure",
+                     "--tensor-type", "blk\\.[0-9]\\.=Q8_0", "--tensor-type", "blk=Q5_1") == 0
+    src, dst = GGUFFile(smollm2), GGUFFile(out)
+    for name in ("blk.3.attn_q.weight", "blk.12.ffn_up.weight", "blk.29.ffn_down.weight"):
+        assert dst.tensor(name).type.name == ("Q8_0" if name.startswith("blk.3.") else "Q5_1")
+    assert dst.tensor("token_embd.weight").type.name == "Q4_1"
+    # --pure sends the tied embedding to the target too (Q8_0 -> Q4_1, llama.cpp's reference bytes)
+    x = quants.dequantize(src.tensor("token_embd.weight").raw_rows(), GGMLQuantizationType.Q8_0)
+    assert np.array_equal(dst.tensor("token_embd.weight").raw_rows(), quants.quantize(x, GGMLQuantizationType.Q4_1))
+
+
+def test_pipeline_chunks_and_threads_give_the_same_bytes(tmp_path, rng, monkeypatch):
+    src_path = tiny_llama(tmp_path / "t.gguf", rng)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    assert _quantize(src_path, a, "Q5_0", "--threads", "1") == 0
+    monkeypatch.setattr(qpipe, "CHUNK_VALUES", 3 * 128)  # 3-row chunks
+    assert _quantize(src_path, b, "Q5_0", "--threads", "2") == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_default_mixing_follows_llama_quantize(tmp_path, rng):
+    f = GGUFFile(tiny_llama(tmp_path / "t.gguf", rng))
+    p = planning.make_plan(f, planning.Options(target="Q4_0"))
+    to = {s.tensor.name: s.out_type.name for s in p.steps}
+    assert to["output_norm.weight"] == "F32" and to["blk.0.attn_norm.weight"] == "F32"
+    assert to["output.weight"] == "Q8_0" and to["token_embd.weight"] == "Q4_0"
+    assert to["blk.1.ffn_down.weight"] == "Q4_0"
+    pure = planning.make_plan(f, planning.Options(target="Q4_0", pure=True))
+    assert {s.out_type.name for s in pure.steps if len(s.tensor.shape) == 2} == {"Q4_0"}
+    left = planning.make_plan(f, planning.Options(target="Q4_0", leave_output_tensor=True,
+                                                  token_embedding_type="Q8_0",
+                                                  tensor_types=[planning.parse_tensor_type("attn_v=Q5_1"),
+                                                                planning.parse_tensor_type("attn=Q8_0")]))
+    to = {s.tensor.name: s.out_type.name for s in left.steps}
+    assert to["output.weight"] == "F32" and to["token_embd.weight"] == "Q8_0"
+    assert to["blk.0.attn_v.weight"] == "Q5_1" and to["blk.0.attn_k.weight"] == "Q8_0"  # first match wins
+
+
+def test_rows_that_do_not_divide_the_block_fall_back(tmp_path, rng):
+    from .conftest import write_gguf
+    path = write_gguf(tmp_path / "odd.gguf", {
+        "blk.0.ffn_down.weight": (rng.standard_normal((8, 48)).astype(np.float32), None),   # 48 % 32 != 0
+        "blk.0.ffn_up.weight": (rng.standard_normal((8, 64)).astype(np.float32), None)})
+    p = planning.make_plan(GGUFFile(path), planning.Options(target="Q4_0"))
+    steps = {s.tensor.name: s for s in p.steps}
+    assert steps["blk.0.ffn_down.weight"].out_type.name == "F16"
+    assert "does not divide Q4_0's block" in steps["blk.0.ffn_down.weight"].note
+    assert steps["blk.0.ffn_up.weight"].out_type.name == "Q4_0"
+
+
+def test_dry_run_prints_plan_and_writes_nothing(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "t.gguf", rng)
+    out = tmp_path / "never.gguf"
+    assert _quantize(src, out, "Q4_1", "--dry-run", "--format", "json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert not out.exists()
+    assert {r["name"] for r in plan["tensors"]} == {t.name for t in GGUFFile(src).tensors}
+    real = tmp_path / "real.gguf"
+    assert _quantize(src, real, "Q4_1") == 0
+    assert plan["output_bytes"] == sum(t.n_bytes for t in GGUFFile(real).tensors)
+
+
+def test_nan_weights_refused_and_no_output(tmp_path, rng, capsys):
+    from .conftest import write_gguf
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    w[2, 5] = np.nan
+    src = write_gguf(tmp_path / "nan.gguf", {"blk.0.attn_q.weight": (w, None)})
+    out = tmp_path / "o.gguf"
+    assert _quantize(src, out, "Q8_0") == 1
+    err = capsys.readouterr().err
+    assert "blk.0.attn_q.weight" in err and "nan at row 2, column 5" in err and "Traceback" not in err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["nan.gguf"]
+
+
+def test_refusals_are_clean_errors(tmp_path, smollm2, capsys):
+    before = smollm2.stat().st_mtime_ns
+    out = tmp_path / "o.gguf"
+    assert _quantize(smollm2, out, "Q4_0") == 1
+    assert "already quantized" in capsys.readouterr().err
+    assert _quantize(smollm2, smollm2, "Q4_0", "--allow-requantize") == 1
+    assert "output path is the input" in capsys.readouterr().err
+    assert _quantize(smollm2, out, "Q3_K", "--allow-requantize") == 1
+    assert "cannot produce Q3_K" in capsys.readouterr().err
+    assert smollm2.stat().st_mtime_ns == before and not out.exists()
+
+
+def test_cli_prints_no_traceback_unless_debug(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 40)
+    r = subprocess.run([sys.executable, "-m", "gguftool", "inspect", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "gguftool", "inspect", str(bad)], capture_output=True, text=True,
+                       env={**__import__("os").environ, "GGUFTOOL_DEBUG": "1"})
+    assert "Traceback" in r.stderr
+
+
+def test_inspect_json(tmp_path, smollm2, capsys):
+    assert main(["inspect", str(smollm2), "--format", "json", "--tensors"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "llama" and len(info["tensors"]) == 272
+    assert info["types"]["Q4_1"]["tensors"] == 210 and info["types"]["Q8_0"]["tensors"] == 1
+    assert abs(info["parameters"] - 134.5e6) < 0.1e6
+    assert 5.7 < info["bits_per_weight"] < 5.8
