@@ -1,0 +1,69 @@
+/* HQQ quantizer: Q4_HQQ (32 values, 20 B), Q4_HQQ_128 (128 values, 68 B), and the same solver
+ * writing ggml's stock Q4_1 / Q5_1 blocks. Scalar C99, the reference that numpy
+ * (gguftool/quant/hqq.py: quantize_hqq_ref) matches byte for byte.
+ *
+ * Block layouts (little-endian):
+ *   Q4_HQQ      fp16 scale, fp16 zero, 16 B: byte j = code j | code j+16 << 4   (Q4_1's packing)
+ *   Q4_HQQ_128  fp16 scale, fp16 zero, 64 B: four 32-value sub-blocks packed like Q4_HQQ
+ *               (byte 16*b + j = code 32b+j | code 32b+j+16 << 4)
+ *   decode      x = (q - zero) * scale, q in 0..15, zero a real fp16 (not an integer)
+ *
+ * Build with IEEE float semantics and no contraction (-ffp-contract=off, never -ffast-math):
+ * numpy and the llama.cpp build must reproduce every float operation in the same order.
+ * On error (GQT_ERR_*) the contents of dst are unspecified. */
+#pragma once
+#include "gqt_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef GQT_ERR_RANGE
+#define GQT_ERR_RANGE (-3)   /* a block's values are too far apart (or too large) for fp16 scale/zero */
+#endif
+#ifndef GQT_ERR_PARAM
+#define GQT_ERR_PARAM (-4)   /* unknown target type or solver parameter out of range */
+#endif
+
+#define GQT_HQQ_TARGET_Q4_1 3   /* GGML_TYPE_Q4_1 */
+#define GQT_HQQ_TARGET_Q5_1 7   /* GGML_TYPE_Q5_1 */
+#define GQT_HQQ_SCALE_SEARCH_MAX 6
+
+typedef struct {
+    float lp_norm;     /* p of the shrink, 0 < p <= 1 (hqq: 0.7) */
+    float beta;        /* initial beta (10) */
+    float kappa;       /* beta *= kappa each step (1.01; 1.0 = hqq 0.2.8 legacy loop) */
+    int iters;         /* proximal steps at most (20; 0 = plain min-max) */
+    int early_stop;    /* 1: stop when the block's mean |error| stops falling (hqq's rule) */
+    int scale_search;  /* 0: plain HQQ; n in 1..GQT_HQQ_SCALE_SEARCH_MAX: also try 2n other scales */
+} gqt_hqq_params;
+
+void gqt_hqq_default_params(gqt_hqq_params * p);
+
+/* target: GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, 3 (GGML_TYPE_Q4_1) or 7 (GGML_TYPE_Q5_1).
+ * src: nrows x n_per_row floats; dst: nrows x row size bytes. Returns GQT_OK or GQT_ERR_*
+ * (non-finite input is detected before anything is written). p == NULL: defaults. */
+int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                          const gqt_hqq_params * p);
+/* Decode any of the four targets (Q4_1/Q5_1 as ggml does: x = d*q + m). */
+int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row);
+/* Bytes per row, or 0 for an unknown target / n_per_row not a multiple of the block. */
+size_t gqt_hqq_row_size(int target, int64_t n_per_row);
+
+/* ggml type-trait signatures (default parameters). A block holding NaN/Inf, or values too large
+ * for fp16, is written with NaN scale and zero so ggml_validate_row_data-style checks catch it. */
+void   gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k);
+void   gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k);
+size_t gqt_quantize_q4_hqq(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+void   gqt_vec_dot_q4_hqq_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
+                                   const void * vy, size_t by, int nrc);
+
+void   gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k);
+void   gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k);
+size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
+void   gqt_vec_dot_q4_hqq_128_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
+                                       const void * vy, size_t by, int nrc);
+
+#ifdef __cplusplus
+}
+#endif

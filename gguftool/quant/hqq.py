@@ -1,0 +1,428 @@
+"""HQQ (half-quadratic quantization) for Q4_HQQ, Q4_HQQ_128 and the stock Q4_1 / Q5_1 layouts.
+
+Per group of G values: the scale comes from min-max and stays fixed; the zero point is refined by
+hqq's proximal loop (hqq 0.2.8 `optimize_weights_proximal_legacy`), written here in the paper's names:
+
+    W_q = clamp(round(W_f * s + z), 0, qmax)        s = inverse scale, z = zero in code units
+    W_r = (W_q - z) / s                              the reconstruction
+    W_e = shrink_lp(W_f - W_r, beta, p)              sparse error (p < 1 "norm")
+    z   = mean(W_q - (W_f - W_e) * s)
+    beta *= kappa;  stop when mean|W_f - W_r| stops falling
+
+Decode: x = (q - zero) * scale with scale = 1/s and zero both stored as fp16 (the zero is NOT
+rounded to an integer). Q4_1 / Q5_1 store the same solution as d = scale, m = -scale * zero.
+
+Differences from hqq, on purpose:
+* hqq stops early per tensor (its error is a mean over the whole tensor, so every group runs the
+  same number of steps); here every block stops on its own block error. Blocks are independent,
+  which is what lets rows run in parallel and makes each block's result depend on that block only.
+  The early-stop rule itself is hqq's: when a step does not lower the error the loop breaks,
+  keeping the zero that step produced (one update past the last improving one).
+* The loop runs on s = 1 / fp16(scale) - the scale the block will store - and the final codes are
+  chosen as the nearest grid point of the fp16 scale/zero read back from the block.
+* hqq 0.2.8's legacy loop never applies kappa (its v2 loop and the paper do); we apply it, and
+  kappa=1 reproduces the legacy loop exactly. On weight-sized data the shrink is 0 anyway
+  (|W_f - W_r| stays below beta^(-1/(2-p)) ~ 0.17).
+* hqq's guards for half precision (scale=1 when max-min <= 1e-4, scale clamped to 2e4) are absolute
+  and would wreck small-magnitude blocks; instead the inverse scale is capped at 2^24 (fp16's
+  smallest step) and at 60000/max|x| (so the fp16 zero stays finite).
+* Optional scale search (`scale_search=n`, 0 = plain HQQ): also try inverse scales
+  (qmax + r)/(max - min) for r in SCALE_STEPS[:2n] (like llama.cpp's make_qkx2_quants), run the
+  zero loop for each, keep the candidate with the lowest block squared error (the plain min-max
+  candidate first; ties keep the earlier).
+* A constant block c is stored exactly as scale = fp16(c), zero = -1, codes 0 (exact when c is an
+  fp16 value; an all-zero block decodes to exact zeros).
+
+`quantize_hqq` runs the C kernels (gguftool/_fast/gqt_hqq.c); `quantize_hqq_ref` is this module's
+numpy reference. Both give identical bytes: every float operation happens in float32 in the same
+order (sums run sequentially over a block, never numpy's pairwise sum), rounding is half-to-even on
+the clamped value, and the only transcendental, |x|^(p-1) in the shrink, is computed in double with
+the C library's pow (math.pow here), only for the few |x| large enough to survive the shrink.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import GgufToolError
+from ..types import BY_NAME
+
+# name -> (ggml type id, values per block, bytes per block, qmax)
+TARGETS: dict[str, tuple[int, int, int, int]] = {
+    "Q4_HQQ": (BY_NAME["Q4_HQQ"].id, BY_NAME["Q4_HQQ"].block_size, BY_NAME["Q4_HQQ"].type_size, 15),
+    "Q4_HQQ_128": (BY_NAME["Q4_HQQ_128"].id, BY_NAME["Q4_HQQ_128"].block_size, BY_NAME["Q4_HQQ_128"].type_size, 15),
+    "Q4_1": (3, 32, 20, 15),
+    "Q5_1": (7, 32, 24, 31),
+}
+_BY_ID = {v[0]: k for k, v in TARGETS.items()}
+
+# Offsets r of the scale search, in search order: inverse scale (qmax + r) / (max - min).
+# Must equal GQT_HQQ_SCALE_STEPS in gqt_hqq.c.
+SCALE_STEPS = (1.0, -0.5, 2.0, -1.0, 3.0, -1.5, 4.0, 0.5, 5.0, 1.5, 6.0, 2.5)
+SCALE_SEARCH_MAX = len(SCALE_STEPS) // 2
+
+F32 = np.float32
+_S_INV_CAP = F32(16777216.0)   # 2^24: 1/2^24 is fp16's smallest step
+_ZERO_CAP = F32(60000.0)       # |zero| stays below fp16's max (65504)
+
+
+@dataclass(frozen=True)
+class HQQParams:
+    """Solver parameters; the defaults are hqq's (lp_norm 0.7, beta 10, kappa 1.01, 20 iterations)."""
+    lp_norm: float = 0.7     # p of the sparse-error "norm", 0 < p <= 1
+    beta: float = 10.0       # initial penalty; the shrink threshold is |x|^(p-1) / beta
+    kappa: float = 1.01      # beta *= kappa after every step (1.0 = hqq 0.2.8's legacy loop)
+    iters: int = 20          # proximal steps at most (0 = plain min-max scale and zero)
+    early_stop: int = 1      # 1: stop when the block error stops falling (hqq's rule), 0: run all steps
+    scale_search: int = 0    # 0: plain HQQ (min-max scale); n: also try 2n scales around it
+
+    def validate(self) -> "HQQParams":
+        if not (0.0 < self.lp_norm <= 1.0):
+            raise GgufToolError(f"HQQ lp_norm must be in (0, 1], got {self.lp_norm}")
+        if not (self.beta > 0.0 and math.isfinite(self.beta)):
+            raise GgufToolError(f"HQQ beta must be a positive number, got {self.beta}")
+        if not (self.kappa >= 1.0 and math.isfinite(self.kappa)):
+            raise GgufToolError(f"HQQ kappa must be >= 1, got {self.kappa}")
+        if not (0 <= self.iters <= 1000):
+            raise GgufToolError(f"HQQ iters must be in 0..1000, got {self.iters}")
+        if self.early_stop not in (0, 1):
+            raise GgufToolError(f"HQQ early_stop must be 0 or 1, got {self.early_stop}")
+        if not (0 <= self.scale_search <= SCALE_SEARCH_MAX):
+            raise GgufToolError(f"HQQ scale_search must be in 0..{SCALE_SEARCH_MAX}, got {self.scale_search}")
+        return self
+
+    @classmethod
+    def make(cls, **params: Any) -> "HQQParams":
+        params.pop("solver", None) if params.get("solver") in (None, "hqq") else None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise GgufToolError(f"unknown HQQ parameter(s) {unknown}", hint="known: " + ", ".join(sorted(known)))
+        try:
+            p = cls(**{k: (int(v) if k in ("iters", "early_stop", "scale_search") else float(v))
+                       for k, v in params.items()})
+        except (TypeError, ValueError) as e:
+            raise GgufToolError(f"bad HQQ parameter value: {e}") from None
+        return p.validate()
+
+
+DEFAULTS = HQQParams()
+
+
+def _target(target: str | int) -> tuple[str, int, int, int, int]:
+    name = _BY_ID.get(target) if isinstance(target, (int, np.integer)) else str(target).upper()
+    if name not in TARGETS:
+        raise GgufToolError(f"HQQ cannot produce type {target!r}", hint="targets: " + ", ".join(TARGETS))
+    return (name, *TARGETS[name])
+
+
+def _check_input(x: np.ndarray, block: int, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise GgufToolError(f"{name} quantization needs a 2-D array of rows, got shape {x.shape}")
+    if x.dtype != np.float32:
+        raise GgufToolError(f"{name} quantization needs float32 input, got {x.dtype}")
+    if x.shape[1] % block:
+        raise GgufToolError(f"{name} needs rows of a multiple of {block} values, got {x.shape[1]}",
+                            hint="keep this tensor in another type (e.g. F16 or Q8_0)")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise GgufToolError(f"cannot quantize to {name}: non-finite value {x[r, c]} at row {r}, column {c} "
+                            f"({int(bad.sum())} non-finite values in all)",
+                            hint="the source tensor holds NaN/Inf; fix the model first")
+    return np.ascontiguousarray(x)
+
+
+# ----------------------------------------------------------------------------- numpy reference
+
+def _seqsum(a: np.ndarray) -> np.ndarray:
+    """Row sums in float32, left to right (the C order; np.sum would sum pairwise)."""
+    acc = np.zeros(a.shape[0], F32)
+    for j in range(a.shape[1]):
+        acc += a[:, j]
+    return acc
+
+
+def _round_clamped(v: np.ndarray, qmax: int) -> np.ndarray:
+    return np.rint(np.clip(v, F32(0), F32(qmax)))   # clamp first: same as clamp(rint(v))
+
+
+def _shrink_lp(x: np.ndarray, beta: float, pm1: float) -> np.ndarray:
+    """sign(x) * relu(|x| - |x|^(p-1) / beta). Nonzero only for |x| > beta^(-1/(2-p)); the pow runs
+    in double through libm (math.pow, the same pow the C kernel calls) for those elements only."""
+    ax = np.abs(x)
+    W_e = np.zeros_like(x)
+    live = ax.astype(np.float64) > _shrink_floor(beta, pm1)
+    if live.any():
+        a = ax[live]
+        t = np.array([math.pow(float(v), pm1) / beta for v in a], np.float64).astype(F32)
+        d = a - t
+        W_e[live] = np.where(d > 0, np.copysign(d, x[live]), F32(0))
+    return W_e
+
+
+def _shrink_floor(beta: float, pm1: float) -> float:
+    # below this |x| the shrink is exactly 0 (margin 1e-4 >> float rounding); must match the C code
+    return math.pow(1.0 / beta, 1.0 / (1.0 - pm1)) * (1.0 - 1e-4)
+
+
+def _solve_zero(W_f: np.ndarray, s: np.ndarray, z: np.ndarray, qmax: int, prm: HQQParams) -> np.ndarray:
+    """hqq's proximal loop for the zero, every block (row of W_f) on its own."""
+    s, z = s[:, None], z.copy()
+    beta = float(F32(prm.beta))
+    kappa = float(F32(prm.kappa))
+    pm1 = float(F32(prm.lp_norm)) - 1.0
+    best = np.full(W_f.shape[0], np.inf, F32)
+    live = np.ones(W_f.shape[0], bool)
+    G = F32(W_f.shape[1])
+    for _ in range(prm.iters):
+        zc = z[:, None]
+        W_q = _round_clamped(W_f * s + zc, qmax)
+        W_r = (W_q - zc) / s
+        W_e = _shrink_lp(W_f - W_r, beta, pm1)
+        z_new = _seqsum(W_q - (W_f - W_e) * s) / G
+        err = _seqsum(np.abs(W_f - W_r)) / G
+        z = np.where(live, z_new, z)          # hqq keeps the zero of the step that did not improve
+        if prm.early_stop:
+            improved = err < best
+            best = np.where(live & improved, err, best)
+            live &= improved
+            if not live.any():
+                break
+        beta *= kappa
+    return z
+
+
+def _fp16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).astype(F32)
+
+
+def _encode(W_f: np.ndarray, scale: np.ndarray, z: np.ndarray, qmax: int, stock: bool):
+    """(a, b, codes, sq_err): a/b the stored fp16 pair - (scale, zero), or (d, m) for Q4_1/Q5_1 -
+    and the codes nearest to each value on the grid that pair decodes to."""
+    a = scale.astype(np.float16)
+    sc = a.astype(F32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if stock:
+            b = (-(sc[:, 0] * z)).astype(np.float16)
+            m = b.astype(F32)[:, None]
+            W_q = np.where(sc != 0, _round_clamped((W_f - m) / sc, qmax), F32(0))
+            W_r = sc * W_q + m
+        else:
+            b = z.astype(np.float16)
+            zh = b.astype(F32)[:, None]
+            W_q = np.where(sc != 0, _round_clamped(W_f / sc + zh, qmax), F32(0))
+            W_r = (W_q - zh) * sc
+    d = W_f - W_r
+    return a, b, W_q.astype(np.uint8), _seqsum(d * d)
+
+
+def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
+    """All blocks (rows of W_f, float32 [nb, G]) -> (a fp16 [nb], b fp16 [nb], codes uint8 [nb, G])."""
+    nb, G = W_f.shape
+    a = np.zeros(nb, np.float16); b = np.zeros(nb, np.float16); q = np.zeros((nb, G), np.uint8)
+    mn = W_f.min(axis=1) + F32(0)   # -0 -> +0: which zero numpy's min returns is unspecified
+    mx = W_f.max(axis=1) + F32(0)
+    const = mn == mx
+    if const.any():   # x == c: scale = c, zero = -1, codes 0  (Q4_1/Q5_1: d = c, m = c)
+        c = mn[const].astype(np.float16)
+        if not np.isfinite(c).all():
+            raise GgufToolError(f"a constant block's value ({float(mn[const][~np.isfinite(c)][0])}) is too large for fp16")
+        a[const], b[const] = c, (c if stock else np.float16(-1))
+    live = np.flatnonzero(~const)
+    W_f, mn, mx = W_f[live], mn[live], mx[live]
+    cap = np.minimum(_S_INV_CAP, _ZERO_CAP / np.maximum(np.abs(mn), np.abs(mx)))
+    best = np.full(len(live), np.inf, F32)
+    for r in (0.0, *SCALE_STEPS[:2 * prm.scale_search]):
+        with np.errstate(over="ignore", divide="ignore"):
+            s_inv = np.minimum((F32(qmax) + F32(r)) / (mx - mn), cap)
+            sh = _fp16(F32(1) / s_inv)                     # the scale the block stores
+        if not np.isfinite(sh).all():
+            i = int(np.flatnonzero(~np.isfinite(sh))[0])
+            raise GgufToolError(f"values {float(mn[i])}..{float(mx[i])} in one block are too far apart "
+                                "for an fp16 scale")
+        s = F32(1) / sh
+        z = _solve_zero(W_f, s, -mn * s, qmax, prm)
+        ca, cb, cq, sq = _encode(W_f, sh, z, qmax, stock)
+        take = sq < best
+        best[take] = sq[take]
+        a[live[take]], b[live[take]], q[live[take]] = ca[take], cb[take], cq[take]
+    return a, b, q
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """[nb, 32k] codes -> [nb, 16k] bytes: per 32-value sub-block, byte j = code j | code j+16 << 4."""
+    nb, G = q.shape
+    q = q.reshape(nb, G // 32, 2, 16) & np.uint8(0x0F)
+    return (q[:, :, 0, :] | (q[:, :, 1, :] << np.uint8(4))).reshape(nb, G // 2)
+
+
+def _pack(name: str, a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
+    parts = [a.view(np.uint8).reshape(-1, 2), b.view(np.uint8).reshape(-1, 2)]
+    if name == "Q5_1":
+        qh = np.packbits((q >> 4).astype(np.uint8), axis=1, bitorder="little")  # bit j = bit 4 of code j
+        parts.append(qh)
+    parts.append(_pack_nibbles(q))
+    return np.concatenate(parts, axis=1)
+
+
+def quantize_hqq_ref(x: np.ndarray, target: str | int, **params: Any) -> np.ndarray:
+    """numpy reference: float32 [rows, n] -> uint8 [rows, row_bytes]; bytes equal `quantize_hqq`'s."""
+    name, _, G, nbytes, qmax = _target(target)
+    x = _check_input(x, G, name)
+    prm = HQQParams.make(**params)
+    rows, n = x.shape
+    a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in ("Q4_1", "Q5_1"), prm)
+    return _pack(name, a, b, q).reshape(rows, n // G * nbytes)
+
+
+def _unpack(name: str, data: np.ndarray, n_blocks: int):
+    _, _, G, nbytes, _ = _target(name)
+    blk = np.ascontiguousarray(data).view(np.uint8).reshape(n_blocks, nbytes)
+    a = blk[:, 0:2].copy().view(np.float16).astype(F32).reshape(-1)
+    b = blk[:, 2:4].copy().view(np.float16).astype(F32).reshape(-1)
+    qs = blk[:, 8:] if name == "Q5_1" else blk[:, 4:]
+    qs = qs.reshape(n_blocks, G // 32, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & np.uint8(0x0F)).reshape(n_blocks, G)
+    if name == "Q5_1":
+        qh = np.unpackbits(blk[:, 4:8], axis=1, bitorder="little")
+        q = q | (qh << np.uint8(4))
+    return a, b, q.astype(F32)
+
+
+def dequantize_hqq_ref(data: np.ndarray, target: str | int) -> np.ndarray:
+    """numpy decode: uint8 [rows, row_bytes] -> float32 [rows, n]."""
+    name, _, G, nbytes, _ = _target(target)
+    data = np.asarray(data, np.uint8)
+    if data.ndim != 2 or data.shape[1] % nbytes:
+        raise GgufToolError(f"{name} data must be [rows, k*{nbytes}] bytes, got shape {data.shape}")
+    rows, nb = data.shape[0], data.shape[1] // nbytes
+    a, b, q = _unpack(name, data, rows * nb)
+    if name in ("Q4_1", "Q5_1"):
+        y = a[:, None] * q + b[:, None]
+    else:
+        y = (q - b[:, None]) * a[:, None]
+    return y.reshape(rows, nb * G)
+
+
+# ----------------------------------------------------------------------------- C path
+
+def _fast():
+    from .._fast import _hqq   # ImportError when the extension is not built (see quant._load)
+    return _hqq
+
+
+_C_ERRORS = {
+    -1: "the input holds NaN or Inf",
+    -2: "the row length does not fit the block size",
+    -3: "a block's values are too large or too far apart for an fp16 scale/zero",
+    -4: "an HQQ parameter is out of range",
+}
+
+
+def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params: Any) -> np.ndarray:
+    """float32 [rows, n] -> uint8 [rows, row_bytes] with the C kernels, rows split over `threads`.
+
+    target: "Q4_HQQ", "Q4_HQQ_128", "Q4_1" or "Q5_1" (or their ggml ids). params: HQQParams fields."""
+    from .parallel import map_rows
+    name, tid, G, nbytes, _ = _target(target)
+    x = _check_input(x, G, name)
+    prm = HQQParams.make(**params)
+    fast = _fast()
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((rows.shape[0], rows.shape[1] // G * nbytes), np.uint8)
+        rc = fast.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
+                                prm.early_stop, prm.scale_search)
+        if rc:
+            raise GgufToolError(f"cannot quantize to {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
+        return out
+
+    if x.shape[0] == 0:
+        return np.empty((0, x.shape[1] // G * nbytes), np.uint8)
+    return map_rows(run, x, threads)
+
+
+def dequantize_hqq(data: np.ndarray, target: str | int, *, impl: str = "c") -> np.ndarray:
+    """uint8 [rows, row_bytes] -> float32 [rows, n]; impl "c" (gqt_hqq.c) or "numpy"."""
+    if impl == "numpy":
+        return dequantize_hqq_ref(data, target)
+    name, tid, G, nbytes, _ = _target(target)
+    data = np.ascontiguousarray(data, np.uint8)
+    if data.ndim != 2 or data.shape[1] % nbytes:
+        raise GgufToolError(f"{name} data must be [rows, k*{nbytes}] bytes, got shape {data.shape}")
+    out = np.empty((data.shape[0], data.shape[1] // nbytes * G), np.float32)
+    rc = _fast().dequantize_rows(tid, data, out)
+    if rc:
+        raise GgufToolError(f"cannot decode {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
+    return out
+
+
+# ----------------------------------------------------------------------------- vec_dot twins
+
+def quantize_q8_1_ref(x: np.ndarray) -> np.ndarray:
+    """numpy port of ggml's quantize_row_q8_1_ref: float32 [n] -> block_q8_1 bytes [n/32 * 36]
+    (fp16 d = amax/127, fp16 s = d * sum(qs), int8 qs = roundf(x / d), half away from zero)."""
+    x = np.asarray(x, F32).reshape(-1, 32)
+    amax = np.abs(x).max(axis=1)
+    d = amax / F32(127)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+    v = x * idv[:, None]
+    av = np.abs(v)
+    qs = (np.sign(v) * (np.floor(av) + np.floor(F32(2) * (av - np.floor(av))))).astype(np.int8)  # C roundf
+    total = qs.astype(np.int32).sum(axis=1)                                # exact integer sum
+    s = total.astype(F32) * d
+    return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, 2),
+                           s.astype(np.float16).view(np.uint8).reshape(-1, 2),
+                           qs.view(np.uint8)], axis=1).reshape(-1)
+
+
+def vec_dot_q8_1_ref(x_row: np.ndarray, y_q8_1: np.ndarray, target: str | int) -> np.float32:
+    """numpy twin of gqt_vec_dot_q4_hqq*_q8_1_ref: per 32 values
+    (scale*d8)*sum(q*q8) + (-(scale*zero))*s8, accumulated in float32 in block order."""
+    name, _, G, nbytes, _ = _target(target)
+    if name not in ("Q4_HQQ", "Q4_HQQ_128"):
+        raise GgufToolError(f"vec_dot is defined for Q4_HQQ and Q4_HQQ_128, not {name}")
+    nb = len(x_row) // nbytes
+    scale, zero, q = _unpack(name, np.asarray(x_row, np.uint8), nb)
+    y = np.asarray(y_q8_1, np.uint8).reshape(-1, 36)
+    d8 = y[:, 0:2].copy().view(np.float16).astype(F32).reshape(-1)
+    s8 = y[:, 2:4].copy().view(np.float16).astype(F32).reshape(-1)
+    q8 = y[:, 4:].view(np.int8).astype(np.int32)
+    sumi = (q.reshape(-1, 32).astype(np.int32) * q8).sum(axis=1)
+    sub = G // 32
+    sc, m = np.repeat(scale, sub), np.repeat(-(scale * zero), sub)
+    terms_a = (sc * d8) * sumi.astype(F32)
+    terms_b = m * s8
+    acc = F32(0)
+    for ta, tb in zip(terms_a, terms_b):
+        acc = F32(acc + F32(ta + tb))
+    return acc
+
+
+# ----------------------------------------------------------------------------- codecs
+
+def _register() -> None:
+    from . import Codec, register
+
+    for name in ("Q4_HQQ", "Q4_HQQ_128"):
+        t = BY_NAME[name]
+
+        def quantize(x, *, threads: int = 1, _n=name, **params):
+            return quantize_hqq(x, _n, threads=threads, **params)
+
+        def dequantize(data, _n=name):
+            data = np.asarray(data, np.uint8)
+            return dequantize_hqq(data.reshape(data.shape[0] if data.ndim == 2 else 1, -1), _n)
+
+        register(Codec(name=name, id=t.id, block_size=t.block_size, type_size=t.type_size,
+                       quantize=quantize, dequantize=dequantize, custom=True, params=asdict(DEFAULTS)))
+
+
+_fast()          # the codecs need the extension: fail the import (quant._load reports it) without it
+_register()
