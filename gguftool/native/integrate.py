@@ -1,0 +1,315 @@
+"""Anchored edits that register gguftool's types in the pinned llama.cpp tree.
+
+Every edit names a file, a piece of text known to be in the pinned version (the anchor), and
+how many times it must occur. A missing or ambiguous anchor stops the integration with the
+file and the anchor, instead of producing a tree that half-compiles. Edits are applied to the
+pristine text read from the verified archive, and a file is rewritten only when its content
+changes, so CMake rebuilds only what an edit touched.
+
+The enum lines and GGML_TYPE_COUNT are rendered from gguftool/types.py; our kernel sources
+(gguftool/_fast/gqt_*.{c,h}) are copied into <tree>/gguftool/kernels/ at build time and
+compiled into ggml-base (scalar quantize/dequantize/reference dot) and ggml-cpu (`*_simd.c`,
+which gets the CPU arch flags). Nothing here types a second copy of a kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import types as gtypes
+from ..errors import GgufToolError
+from . import source
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+KERNEL_DIR = PACKAGE_DIR / "_fast"
+PATCH_DIR = Path(__file__).resolve().parent / "patches"
+
+# ggml-cpu registers these (gguftool/_fast/gqt_hqq_simd.c), the TQ3_0 dot comes from gqt_tq3.h.
+SIMD_PROTOTYPES = """\
+void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+"""
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str            # relative to the llama.cpp root
+    anchor: str          # exact text that must be present
+    text: str            # text to insert
+    where: str = "after"  # "after", "before" or "replace"
+    count: int = 1       # exact number of occurrences of the anchor (all are edited)
+    why: str = ""
+
+    def apply(self, content: str) -> str:
+        found = content.count(self.anchor)
+        if found != self.count:
+            raise GgufToolError(
+                f"llama.cpp integration: anchor not found as expected in {self.path} "
+                f"(found {found}x, expected {self.count}x): {self.anchor.strip()[:120]!r}",
+                "the pinned llama.cpp source changed; update gguftool/native/integrate.py")
+        if self.where == "after":
+            new = self.anchor + self.text
+        elif self.where == "before":
+            new = self.text + self.anchor
+        elif self.where == "replace":
+            new = self.text
+        else:
+            raise ValueError(self.where)
+        return content.replace(self.anchor, new)
+
+
+def _t(name: str) -> gtypes.CustomType:
+    return gtypes.BY_NAME[name]
+
+
+def _type_count() -> int:
+    return max(t.id for t in gtypes.CUSTOM_TYPES) + 1
+
+
+def _ggml_traits() -> str:
+    # to_float/from_float_ref are the same C functions the Python extension calls.
+    out = ["    // gguftool types (gguftool/types.py); kernels in gguftool/_fast\n"]
+    for t in gtypes.CUSTOM_TYPES:
+        fn = t.ggml_name
+        out.append(
+            f"    [GGML_TYPE_{t.name}] = {{\n"
+            f"        .type_name                = \"{fn}\",\n"
+            f"        .blck_size                = {t.block_size},\n"
+            f"        .type_size                = {t.type_size},\n"
+            f"        .is_quantized             = true,\n"
+            f"        .to_float                 = (ggml_to_float_t) gqt_dequantize_row_{fn},\n"
+            f"        .from_float_ref           = (ggml_from_float_t) gqt_quantize_row_{fn}_ref,\n"
+            f"    }},\n")
+    return "".join(out)
+
+
+def _cpu_traits() -> str:
+    vec_dot = {
+        "Q4_HQQ": ("gqt_vec_dot_q4_hqq_q8_1", "GGML_TYPE_Q8_1"),
+        "Q4_HQQ_128": ("gqt_vec_dot_q4_hqq_128_q8_1", "GGML_TYPE_Q8_1"),
+        "TQ3_0": ("gqt_vec_dot_tq3_0_q8_0", "GGML_TYPE_Q8_0"),
+    }
+    out = ["    // gguftool types: HQQ pairs with Q8_1 like Q4_1 (x = d*q + m), TQ3_0 with Q8_0\n"]
+    for t in gtypes.CUSTOM_TYPES:
+        fn, vdt = vec_dot[t.name]
+        out.append(
+            f"    [GGML_TYPE_{t.name}] = {{\n"
+            f"        .from_float               = (ggml_from_float_t) gqt_quantize_row_{t.ggml_name}_ref,\n"
+            f"        .vec_dot                  = (ggml_vec_dot_t) {fn},\n"
+            f"        .vec_dot_type             = {vdt},\n"
+            f"        .nrows                    = 1,\n"
+            f"    }},\n")
+    return "".join(out)
+
+
+def _quantize_chunk_cases() -> str:
+    return "".join(
+        f"        case GGML_TYPE_{t.name}: result = gqt_quantize_{t.ggml_name}(src + start, "
+        f"(char *) dst + start_row * row_size, nrows, n_per_row, imatrix); break; // gguftool\n"
+        for t in gtypes.CUSTOM_TYPES)
+
+
+def _validate_cases() -> str:
+    cases = "".join(f"        case GGML_TYPE_{t.name}:\n" for t in gtypes.CUSTOM_TYPES)
+    return (
+        cases +
+        "            {\n"
+        "                // gguftool: fp16 scale first; the HQQ types follow it with an fp16 zero\n"
+        "                const size_t ts = ggml_type_size(type);\n"
+        "                const int nf = type == GGML_TYPE_TQ3_0 ? 1 : 2;\n"
+        "                for (size_t i = 0; i < nb; ++i) {\n"
+        "                    for (int k = 0; k < nf; ++k) {\n"
+        "                        ggml_fp16_t h;\n"
+        "                        memcpy(&h, (const char *) data + i*ts + 2*k, sizeof(h));\n"
+        "                        if (!validate_fp16(h, i)) {\n"
+        "                            return false;\n"
+        "                        }\n"
+        "                    }\n"
+        "                }\n"
+        "            } break;\n")
+
+
+def _case_lines(indent: str = "        ") -> str:
+    return "".join(f"{indent}case GGML_TYPE_{t.name}: // gguftool\n" for t in gtypes.CUSTOM_TYPES)
+
+
+def edits() -> list[Edit]:
+    up = source.PINNED.ggml_type_count
+    kernels_h = '#include "gqt_hqq.h" // gguftool\n#include "gqt_tq3.h" // gguftool\n'
+    return [
+        Edit("ggml/include/ggml.h", f"        GGML_TYPE_COUNT   = {up},\n",
+             gtypes.render_ggml_enum_lines() + f"        GGML_TYPE_COUNT   = {_type_count()}, // gguftool: max id + 1\n",
+             where="replace", why="enum ids from gguftool/types.py; type tables are sized by COUNT"),
+        # ggml-base: type traits, quantize_chunk
+        Edit("ggml/src/ggml.c", '#include "ggml-quants.h"\n', kernels_h),
+        Edit("ggml/src/ggml.c", "    [4] = { // GGML_TYPE_Q4_2\n", _ggml_traits(), where="before"),
+        Edit("ggml/src/ggml.c",
+             "        case GGML_TYPE_Q4_1:    result = quantize_q4_1   (src + start, (char *) dst + start_row * row_size, nrows, n_per_row, imatrix); break;\n",
+             _quantize_chunk_cases()),
+        Edit("ggml/src/ggml-quants.c",
+             "        case GGML_TYPE_I8:\n        case GGML_TYPE_I16:\n        case GGML_TYPE_I32:\n        case GGML_TYPE_I64:\n            // nothing to validate\n",
+             _validate_cases(), where="before", why="ggml_validate_row_data: check the fp16 fields"),
+        # ggml-cpu: from_float / vec_dot / vec_dot_type
+        Edit("ggml/src/ggml-cpu/ggml-cpu.c", '#include "ggml-cpu-impl.h"\n',
+             kernels_h + "// gguftool: SIMD dots (gguftool/_fast/gqt_hqq_simd.c)\n" + SIMD_PROTOTYPES),
+        Edit("ggml/src/ggml-cpu/ggml-cpu.c",
+             "static const struct ggml_type_traits_cpu type_traits_cpu[GGML_TYPE_COUNT] = {\n", _cpu_traits()),
+        # every op switch that lists Q4_1 handles quantized types generically (to_float /
+        # from_float) or aborts for all of them: add, add1, acc, out_prod, set, get_rows, clamp
+        Edit("ggml/src/ggml-cpu/ops.cpp", "        case GGML_TYPE_Q4_1:\n", _case_lines(), count=7),
+        # --cache-type-k/-v
+        Edit("common/arg.cpp", "    GGML_TYPE_Q5_1,\n};\n",
+             "".join(f"    GGML_TYPE_{t.name}, // gguftool\n" for t in gtypes.CUSTOM_TYPES) + "};\n",
+             where="replace"),
+        # llama-bench -ctk/-ctv: accept every type name ggml knows (ours included)
+        Edit("tools/llama-bench/llama-bench.cpp",
+             '    if (s == "iq4_nl") {\n        return GGML_TYPE_IQ4_NL;\n    }\n',
+             "    for (int i = 0; i < GGML_TYPE_COUNT; ++i) { // gguftool: custom types by name\n"
+             "        const char * name = ggml_type_name((ggml_type) i);\n"
+             "        if (name && s == name && ggml_type_size((ggml_type) i) > 0) {\n"
+             "            return (ggml_type) i;\n"
+             "        }\n"
+             "    }\n"),
+        # build our kernels into ggml-base / ggml-cpu (after all backends are added)
+        Edit("ggml/src/CMakeLists.txt", "target_link_libraries(ggml-base PRIVATE Threads::Threads)\n",
+             "include(${CMAKE_CURRENT_SOURCE_DIR}/../../gguftool/gguftool.cmake) # gguftool kernels\n"),
+    ]
+
+
+CMAKE_TEMPLATE = """\
+# Generated by gguftool/native/integrate.py: gguftool's kernels, compiled from the files the
+# Python extension compiles (copied from gguftool/_fast, hashes in manifest.json).
+set(GQT_DIR "${CMAKE_CURRENT_LIST_DIR}/kernels")
+set(GQT_BASE_SOURCES @BASE@)
+set(GQT_CPU_SOURCES @CPU@)
+list(TRANSFORM GQT_BASE_SOURCES PREPEND "${GQT_DIR}/")
+list(TRANSFORM GQT_CPU_SOURCES PREPEND "${GQT_DIR}/")
+target_sources(ggml-base PRIVATE ${GQT_BASE_SOURCES})
+target_include_directories(ggml-base PRIVATE ${GQT_DIR})
+if (TARGET ggml-cpu)
+    target_sources(ggml-cpu PRIVATE ${GQT_CPU_SOURCES})
+    target_include_directories(ggml-cpu PRIVATE ${GQT_DIR})
+endif()
+# byte parity with the Python build: no FMA contraction in our files
+set_source_files_properties(${GQT_BASE_SOURCES} ${GQT_CPU_SOURCES}
+    TARGET_DIRECTORY ggml-base ggml-cpu PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")
+
+# parity / SIMD check harness (gguftool/native/patches/gqt_check.c)
+add_executable(gguftool-check ${CMAKE_CURRENT_LIST_DIR}/gqt_check.c)
+target_include_directories(gguftool-check PRIVATE ${GQT_DIR} ${CMAKE_CURRENT_LIST_DIR}/../ggml/include)
+target_link_libraries(gguftool-check PRIVATE ggml ggml-base)
+if (TARGET ggml-cpu)
+    target_link_libraries(gguftool-check PRIVATE ggml-cpu)
+endif()
+"""
+
+
+def kernel_files(kernel_dir: Path = KERNEL_DIR) -> list[Path]:
+    files = sorted([*kernel_dir.glob("gqt_*.c"), *kernel_dir.glob("gqt_*.h")])
+    return files
+
+
+def required_kernels_present(kernel_dir: Path = KERNEL_DIR) -> list[str]:
+    """Names of the kernel files the integration needs that are missing."""
+    need = ["gqt_common.h", "gqt_types.h", "gqt_hqq.h", "gqt_hqq.c", "gqt_hqq_simd.c", "gqt_tq3.h", "gqt_tq3.c"]
+    return [n for n in need if not (kernel_dir / n).is_file()]
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".gguftool-tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
+def inputs_digest(kernel_dir: Path = KERNEL_DIR) -> dict[str, str]:
+    """sha256 of everything that decides the patched tree (for the build cache key)."""
+    d = {"sdist": source.PINNED.sha256, "types": gtypes.render_ggml_enum_lines()}
+    for p in kernel_files(kernel_dir):
+        d[f"kernels/{p.name}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted(PATCH_DIR.glob("*")):
+        if p.is_file():
+            d[f"patches/{p.name}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    d["integrate.py"] = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return d
+
+
+def integrate(tree: Path, kernel_dir: Path = KERNEL_DIR, log=print) -> dict:
+    """Apply all edits to `tree` (unpacked pinned llama.cpp) and copy our kernels in.
+
+    Returns the manifest (edited files, kernel hashes) that is also written to
+    <tree>/gguftool/manifest.json."""
+    missing = required_kernels_present(kernel_dir)
+    if missing:
+        raise GgufToolError(f"kernel sources missing from {kernel_dir}: {', '.join(missing)}",
+                            "run from a complete gguftool checkout or installation")
+    all_edits = edits()
+    paths = sorted({e.path for e in all_edits})
+    gq = tree / "gguftool"
+    manifest_path = gq / "manifest.json"
+    old = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    # files edited by an earlier integration but not by this one go back to pristine
+    stale = sorted(set(old.get("edited", [])) - set(paths))
+    pristine = source.read_pristine(paths + stale)
+    changed = []
+    for rel in stale:
+        if _write_if_changed(tree / rel, pristine[rel].encode()):
+            changed.append(rel)
+    for rel in paths:
+        text = pristine[rel]
+        for e in all_edits:
+            if e.path == rel:
+                text = e.apply(text)
+        if _write_if_changed(tree / rel, text.encode()):
+            changed.append(rel)
+
+    kfiles = kernel_files(kernel_dir)
+    kernels = {}
+    for p in kfiles:
+        data = p.read_bytes()
+        kernels[p.name] = hashlib.sha256(data).hexdigest()
+        if _write_if_changed(gq / "kernels" / p.name, data):
+            changed.append(f"gguftool/kernels/{p.name}")
+    # kernel files that disappeared from the package must not linger in the build
+    for p in sorted((gq / "kernels").glob("*")):
+        if p.name not in kernels:
+            p.unlink()
+            changed.append(f"gguftool/kernels/{p.name} (removed)")
+    csrc = [p.name for p in kfiles if p.suffix == ".c"]
+    cpu = [n for n in csrc if "_simd" in n]
+    base = [n for n in csrc if n not in cpu]
+    cmake = CMAKE_TEMPLATE.replace("@BASE@", " ".join(base)).replace("@CPU@", " ".join(cpu))
+    if _write_if_changed(gq / "gguftool.cmake", cmake.encode()):
+        changed.append("gguftool/gguftool.cmake")
+    check_src = (PATCH_DIR / "gqt_check.c").read_bytes()
+    if _write_if_changed(gq / "gqt_check.c", check_src):
+        changed.append("gguftool/gqt_check.c")
+
+    manifest = {
+        "llama_commit": source.PINNED.llama_commit,
+        "sdist_sha256": source.PINNED.sha256,
+        "edited": paths,
+        "kernels": kernels,
+        "base_sources": base,
+        "cpu_sources": cpu,
+        "type_count": _type_count(),
+    }
+    _write_if_changed(manifest_path, (json.dumps(manifest, indent=1) + "\n").encode())
+    if changed:
+        log(f"integration: updated {len(changed)} file(s): {', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}")
+    return manifest
+
+
+def check_enum_collisions() -> list[str]:
+    """Collisions of our ids with the upstream enum in the pinned (pristine) ggml.h."""
+    text = source.read_pristine(["ggml/include/ggml.h"])["ggml/include/ggml.h"]
+    ids = {m.group(1): int(m.group(2)) for m in re.finditer(r"GGML_TYPE_(\w+)\s*=\s*(\d+)", text)}
+    ids.pop("COUNT", None)
+    return gtypes.collisions(ids)

@@ -1,0 +1,150 @@
+/* gguftool-check: drives the patched ggml from the outside, through its public API, so that
+ * tests can compare what llama.cpp computes with what the Python package computes.
+ *
+ *   gguftool-check types
+ *       one line per gguftool type: name id blck_size type_size is_quantized vec_dot_type
+ *   gguftool-check quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32
+ *       ggml_quantize_chunk(TYPE) over IN (rows of N_PER_ROW floats) -> OUT.q,
+ *       then type_traits[TYPE].to_float(OUT.q) -> OUT.f32; also runs ggml_validate_row_data
+ *   gguftool-check dot TYPE N X.f32 Y.f32
+ *       quantizes X to TYPE (ggml_quantize_chunk) and Y to the vec_dot type (ggml-cpu's
+ *       from_float), then prints three numbers: the registered (SIMD) vec_dot, the scalar
+ *       reference vec_dot (gqt_*_ref; the registered one again for TQ3_0), and the dot of the
+ *       dequantized vectors in double precision
+ *   gguftool-check validate TYPE FILE.q
+ *       prints ggml_validate_row_data's verdict ("valid"/"invalid"), exit 0/3
+ */
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "gqt_hqq.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static enum ggml_type type_by_name(const char * name) {
+    for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+        const char * n = ggml_type_name((enum ggml_type) i);
+        if (n && ggml_type_size((enum ggml_type) i) > 0 && strcmp(n, name) == 0) {
+            return (enum ggml_type) i;
+        }
+    }
+    fprintf(stderr, "gguftool-check: unknown type %s\n", name);
+    exit(2);
+}
+
+static void * read_file(const char * path, size_t * size) {
+    FILE * f = fopen(path, "rb");
+    if (!f) { perror(path); exit(2); }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void * buf = malloc(n > 0 ? (size_t) n : 1);
+    if (fread(buf, 1, (size_t) n, f) != (size_t) n) { perror(path); exit(2); }
+    fclose(f);
+    *size = (size_t) n;
+    return buf;
+}
+
+static void write_file(const char * path, const void * data, size_t size) {
+    FILE * f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, size, f) != size) { perror(path); exit(2); }
+    fclose(f);
+}
+
+static int cmd_types(void) {
+    const enum ggml_type ours[] = { GGML_TYPE_Q4_HQQ, GGML_TYPE_Q4_HQQ_128, GGML_TYPE_TQ3_0 };
+    for (size_t i = 0; i < sizeof(ours)/sizeof(ours[0]); ++i) {
+        const enum ggml_type t = ours[i];
+        printf("%s %d %lld %zu %d %s\n", ggml_type_name(t), (int) t, (long long) ggml_blck_size(t),
+               ggml_type_size(t), (int) ggml_is_quantized(t),
+               ggml_type_name(ggml_get_type_traits_cpu(t)->vec_dot_type));
+    }
+    printf("COUNT %d\n", (int) GGML_TYPE_COUNT);
+    return 0;
+}
+
+static int cmd_quant(const char * tname, long long npr, const char * in, const char * outq, const char * outf) {
+    const enum ggml_type t = type_by_name(tname);
+    size_t nbytes;
+    float * src = read_file(in, &nbytes);
+    const int64_t n = (int64_t) (nbytes / sizeof(float));
+    if (npr <= 0 || n % npr != 0 || npr % ggml_blck_size(t) != 0) {
+        fprintf(stderr, "gguftool-check: bad shape\n");
+        return 2;
+    }
+    const int64_t nrows = n / npr;
+    const size_t qsize = ggml_row_size(t, npr) * (size_t) nrows;
+    void * q = malloc(qsize);
+    const size_t got = ggml_quantize_chunk(t, src, q, 0, nrows, npr, NULL);
+    if (got != qsize) {
+        fprintf(stderr, "gguftool-check: quantize_chunk returned %zu, expected %zu\n", got, qsize);
+        return 1;
+    }
+    if (!ggml_validate_row_data(t, q, qsize)) {
+        fprintf(stderr, "gguftool-check: ggml_validate_row_data rejected the quantized data\n");
+        return 1;
+    }
+    float * deq = malloc((size_t) n * sizeof(float));
+    ggml_get_type_traits(t)->to_float(q, deq, n);
+    write_file(outq, q, qsize);
+    write_file(outf, deq, (size_t) n * sizeof(float));
+    return 0;
+}
+
+static int cmd_dot(const char * tname, long long n, const char * xs, const char * ys) {
+    const enum ggml_type t = type_by_name(tname);
+    size_t nx, ny;
+    float * x = read_file(xs, &nx);
+    float * y = read_file(ys, &ny);
+    if (n <= 0 || nx != (size_t) n * sizeof(float) || ny != nx || n % ggml_blck_size(t) != 0) {
+        fprintf(stderr, "gguftool-check: bad shape\n");
+        return 2;
+    }
+    const struct ggml_type_traits_cpu * cpu = ggml_get_type_traits_cpu(t);
+    const enum ggml_type vt = cpu->vec_dot_type;
+    void * qx = malloc(ggml_row_size(t, n));
+    void * qy = malloc(ggml_row_size(vt, n));
+    ggml_quantize_chunk(t, x, qx, 0, 1, n, NULL);
+    ggml_get_type_traits_cpu(vt)->from_float(y, qy, n);
+
+    float simd = 0.0f, ref = 0.0f;
+    cpu->vec_dot((int) n, &simd, 0, qx, 0, qy, 0, 1);
+    if (t == GGML_TYPE_Q4_HQQ) {
+        gqt_vec_dot_q4_hqq_q8_1_ref((int) n, &ref, 0, qx, 0, qy, 0, 1);
+    } else if (t == GGML_TYPE_Q4_HQQ_128) {
+        gqt_vec_dot_q4_hqq_128_q8_1_ref((int) n, &ref, 0, qx, 0, qy, 0, 1);
+    } else {
+        ref = simd;
+    }
+    float * dx = malloc((size_t) n * sizeof(float));
+    float * dy = malloc((size_t) n * sizeof(float));
+    ggml_get_type_traits(t)->to_float(qx, dx, n);
+    ggml_get_type_traits(vt)->to_float(qy, dy, n);
+    double exact = 0.0;
+    for (long long i = 0; i < n; ++i) {
+        exact += (double) dx[i] * (double) dy[i];
+    }
+    printf("%.9g %.9g %.9g\n", simd, ref, exact);
+    return 0;
+}
+
+static int cmd_validate(const char * tname, const char * path) {
+    const enum ggml_type t = type_by_name(tname);
+    size_t n;
+    void * q = read_file(path, &n);
+    const int ok = ggml_validate_row_data(t, q, n);
+    printf("%s\n", ok ? "valid" : "invalid");
+    return ok ? 0 : 3;
+}
+
+int main(int argc, char ** argv) {
+    ggml_cpu_init();
+    if (argc == 2 && strcmp(argv[1], "types") == 0) return cmd_types();
+    if (argc == 7 && strcmp(argv[1], "quant") == 0) return cmd_quant(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6]);
+    if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5]);
+    if (argc == 4 && strcmp(argv[1], "validate") == 0) return cmd_validate(argv[2], argv[3]);
+    fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
+                    "dot TYPE N X.f32 Y.f32 | validate TYPE FILE.q\n");
+    return 2;
+}
