@@ -10,7 +10,7 @@ import traceback
 from ..errors import GgufToolError
 
 # noun -> module under gguftool.cli exposing add_parser(subparsers)
-COMMANDS = ("inspect", "quantize", "native", "kv_plan")
+COMMANDS = ("inspect", "quantize", "kv_plan", "native")
 
 
 def build_parser() -> argparse.ArgumentParser:
