@@ -31,13 +31,16 @@ static inline void fwht32_d(double * v) { FWHT32(double, v) }
 static inline void fwht32_f(float * v) { FWHT32(float, v) }
 static inline void fwht32_i(int32_t * v) { FWHT32(int32_t, v) }
 
-/* index of the nearest centroid of z / r: how many boundaries r*b[k] lie at or below z */
+/* index of the nearest centroid of z / r (r > 0): how many boundaries r*b[k] lie at or below z,
+ * found by a branch-free binary search (the thresholds are sorted since rounding is monotone) */
 static inline void pick(const double * z, double r, uint8_t * idx) {
     double thr[7];
     for (int k = 0; k < 7; ++k) thr[k] = gqt_tq3_bounds_d[k] * r;
     for (int j = 0; j < QK; ++j) {
-        int q = 0;
-        for (int k = 0; k < 7; ++k) q += z[j] >= thr[k];
+        const double v = z[j];
+        int q = (v >= thr[3]) << 2;
+        q += (v >= thr[q + 1]) << 1;
+        q += v >= thr[q];
         idx[j] = (uint8_t) q;
     }
 }

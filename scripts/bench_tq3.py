@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""TQ3_0 benchmark: quality against theory and against stock ggml types, inner-product error,
+and speed next to gguf.quants' numpy Q4_0, all measured in this run.
+
+    python scripts/bench_tq3.py                   # table, then JSON on the last line
+    python scripts/bench_tq3.py --json out.json   # also write the JSON to a file
+    python scripts/bench_tq3.py --quick           # smaller sample sizes
+
+Quality columns are relative MSE  sum ||x - x_hat||^2 / sum ||x||^2  (pooled over the sample).
+Q4_HQQ comes from gguftool.quant (another family); its column is skipped when it is not available.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T, quants
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gguftool.quant import tq3  # noqa: E402
+from gguftool.quant.tq3_codebook import DISTORTION  # noqa: E402
+
+PAPER_UPPER = np.sqrt(3) * np.pi / 2 * 4.0 ** -3   # TurboQuant Thm 1, b = 3: 0.0425
+PAPER_LOWER = 4.0 ** -3                             # Thm 3: 0.0156
+GAUSS_LLOYD_MAX = 0.03454                           # 8-level Lloyd-Max for N(0,1) (Max 1960), the d -> inf limit
+
+
+def _codecs() -> dict:
+    c = {
+        "TQ3_0": (tq3.BLOCK_BYTES * 8 / tq3.QK, tq3.quantize_tq3, tq3.dequantize_tq3),
+        "Q4_0": (4.5, lambda x: quants.quantize(x, T.Q4_0), lambda q: quants.dequantize(q, T.Q4_0)),
+        "Q4_1": (5.0, lambda x: quants.quantize(x, T.Q4_1), lambda q: quants.dequantize(q, T.Q4_1)),
+    }
+    try:
+        from gguftool.quant import codec
+        h = codec("Q4_HQQ")
+        if h.quantize is not None and h.dequantize is not None:
+            c["Q4_HQQ"] = (h.bpw, lambda x: h.quantize(x), h.dequantize)
+    except Exception as e:  # another engineer's family; a missing or broken one only drops the column
+        print(f"(Q4_HQQ skipped: {type(e).__name__}: {e})", file=sys.stderr)
+    c["Q8_0"] = (8.5, lambda x: quants.quantize(x, T.Q8_0), lambda q: quants.dequantize(q, T.Q8_0))
+    return c
+
+
+def rel_mse(x: np.ndarray, xh: np.ndarray) -> float:
+    x = x.astype(np.float64)
+    return float(((xh - x) ** 2).sum() / (x ** 2).sum())
+
+
+def datasets(rng: np.random.Generator, n_blocks: int) -> dict[str, np.ndarray]:
+    rows = n_blocks * 32 // 4096
+    out = {
+        "gaussian 32-blocks": rng.standard_normal((n_blocks, 32)),
+        "student-t nu=3 (rows of 4096)": rng.standard_t(3, (rows, 4096)),
+    }
+    a = rng.standard_normal((rows, 4096))
+    a[:, rng.choice(4096, 41, replace=False)] *= 20.0     # ~1% outlier channels at 20x, like LLM activations
+    out["gaussian + 1% channels at 20x"] = a
+    k = rng.standard_normal((n_blocks * 32 // 128, 128))
+    k[:, [3, 77]] *= 20.0                                  # K-cache-like: fixed outlier dims per head
+    out["head-dim 128, 2 dims at 20x"] = k
+    return {name: v.astype(np.float32) for name, v in out.items()}
+
+
+def quality(codecs: dict, data: dict) -> dict:
+    res = {}
+    for dname, x in data.items():
+        res[dname] = {name: rel_mse(x, deq(q(x))) for name, (_, q, deq) in codecs.items()}
+    return res
+
+
+def inner_product(codecs: dict, rng: np.random.Generator, n: int) -> dict:
+    res = {}
+    for d in (64, 128):
+        q = rng.standard_normal((n, d))
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        k = rng.standard_normal((n, d))
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        k = k.astype(np.float32)
+        true = (q * k).sum(1)
+        res[d] = {}
+        for name in ("TQ3_0", "Q4_0", "Q8_0"):
+            _, quant, deq = codecs[name]
+            err = np.abs((q * deq(quant(k))).sum(1) - true)
+            res[d][name] = {"mean": float(err.mean()), "p99": float(np.percentile(err, 99))}
+        # the path llama.cpp takes for K: q converted to Q8_0, then vec_dot
+        kq = tq3.quantize_tq3(k)
+        dots = tq3.vec_dot_tq3_q8_0(kq, tq3.quantize_q8_0_ref(q.astype(np.float32)))
+        err = np.abs(dots - true)
+        res[d]["TQ3_0 vec_dot(q8_0 q)"] = {"mean": float(err.mean()), "p99": float(np.percentile(err, 99))}
+    return res
+
+
+def _rate(fn, arg, values: int, min_time: float = 0.3) -> float:
+    fn(arg)  # warm up
+    reps, t = 0, 0.0
+    t0 = time.perf_counter()
+    while t < min_time:
+        fn(arg)
+        reps += 1
+        t = time.perf_counter() - t0
+    return values * reps / t
+
+
+def speed(rng: np.random.Generator, rows: int) -> dict:
+    x = rng.standard_normal((rows, 4096)).astype(np.float32)
+    n = x.size
+    q_tq3, q_q40 = tq3.quantize_tq3(x), quants.quantize(x, T.Q4_0)
+    y8 = tq3.quantize_q8_0_ref(x)
+    r = {
+        "TQ3_0 quantize (C, 1 thread)": _rate(tq3.quantize_tq3, x, n),
+        "TQ3_0 quantize (C, 2 threads)": _rate(lambda a: tq3.quantize_tq3(a, threads=2), x, n),
+        "TQ3_0 quantize (numpy ref)": _rate(tq3.quantize_tq3_ref, x, n),
+        "Q4_0 quantize (gguf.quants numpy)": _rate(lambda a: quants.quantize(a, T.Q4_0), x, n),
+        "TQ3_0 dequantize (C)": _rate(tq3.dequantize_tq3, q_tq3, n),
+        "TQ3_0 dequantize (numpy ref)": _rate(tq3.dequantize_tq3_ref, q_tq3, n),
+        "Q4_0 dequantize (gguf.quants numpy)": _rate(lambda a: quants.dequantize(a, T.Q4_0), q_q40, n),
+        "TQ3_0 vec_dot q8_0 (C)": _rate(lambda a: tq3.vec_dot_tq3_q8_0(a, y8), q_tq3, n),
+    }
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller samples (seconds instead of tens of seconds)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the results to this file")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    n_blocks = 32_768 if args.quick else 262_144
+    codecs = _codecs()
+
+    qual = quality(codecs, datasets(rng, n_blocks))
+    names = list(codecs)
+    print("relative MSE (lower is better)")
+    print(f"{'data':34s}" + "".join(f"{n + f' ({codecs[n][0]:.2g}b)':>16s}" for n in names))
+    for dname, row in qual.items():
+        print(f"{dname:34s}" + "".join(f"{row[n]:16.5f}" for n in names))
+    g = qual["gaussian 32-blocks"]["TQ3_0"]
+    print(f"TQ3_0 on Gaussian blocks: {g:.5f} = {g / DISTORTION:.3f} x Lloyd-Max d=32 ({DISTORTION:.5f}); "
+          f"paper: lower {PAPER_LOWER:.5f}, upper {PAPER_UPPER:.5f} (Gaussian Lloyd-Max {GAUSS_LLOYD_MAX})")
+
+    ip = inner_product(codecs, rng, 5_000 if args.quick else 50_000)
+    print("\n|<q, k_hat> - <q, k>| for random unit q, k")
+    for d, row in ip.items():
+        for name, v in row.items():
+            print(f"  d={d:<4d} {name:24s} mean {v['mean']:.5f}  p99 {v['p99']:.5f}  "
+                  f"(x{v['mean'] / row['Q4_0']['mean']:.2f} Q4_0)")
+
+    sp = speed(rng, 64 if args.quick else 256)
+    base_q, base_d = sp["Q4_0 quantize (gguf.quants numpy)"], sp["Q4_0 dequantize (gguf.quants numpy)"]
+    print("\nspeed (values/s; ratio to gguf.quants numpy Q4_0 of the same direction, same run)")
+    for name, v in sp.items():
+        base = base_q if "quantize" in name and "de" not in name.split()[1] else base_d
+        print(f"  {name:38s} {v / 1e6:10.1f} M/s   x{v / base:.2f}")
+
+    result = {"quality_rel_mse": qual, "inner_product_abs_error": {str(k): v for k, v in ip.items()},
+              "values_per_second": sp,
+              "reference": {"lloyd_max_d32": DISTORTION, "paper_upper_b3": PAPER_UPPER,
+                            "paper_lower_b3": PAPER_LOWER, "gaussian_lloyd_max_b3": GAUSS_LLOYD_MAX},
+              "args": {"quick": args.quick, "seed": args.seed}}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""TQ3_0: C kernels against the numpy twins (identical bytes), against explicit matrices and the
+published theory, and the inner products llama.cpp's K-cache path computes with vec_dot."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T, quants
+
+from gguftool.errors import GgufToolError
+from gguftool.quant import tq3
+from gguftool.quant import tq3_codebook as cb
+from gguftool._fast import _tq3
+
+ROOT = Path(__file__).resolve().parent.parent
+KAT = Path(__file__).parent / "data" / "tq3_kat_v1.npz"
+C = np.array(cb.CENTROIDS)
+D = np.array(cb.SIGNS, dtype=np.float64)
+LLOYD_MAX = 0.0323                                   # published, d = 32
+PAPER_UPPER = np.sqrt(3) * np.pi / 2 * 4.0 ** -3     # TurboQuant Thm 1, b = 3 (0.0425)
+PAPER_LOWER = 4.0 ** -3                              # Thm 3 (0.0156)
+
+
+def hadamard_orthonormal(n: int = 32) -> np.ndarray:
+    """Sylvester construction by Kronecker products (independent of the FWHT butterflies)."""
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.kron(np.array([[1.0, 1.0], [1.0, -1.0]]), h)
+    return h / np.sqrt(n)
+
+
+H = hadamard_orthonormal()
+
+
+def assert_same_bytes(a: np.ndarray, b: np.ndarray, x: np.ndarray | None = None):
+    if np.array_equal(a, b):
+        return
+    bad = np.argwhere((a.reshape(-1, 14) != b.reshape(-1, 14)).any(1)).ravel()
+    msg = [f"{len(bad)} of {a.size // 14} blocks differ; first ones:"]
+    for i in bad[:3]:
+        msg.append(f"block {i}: C {a.reshape(-1, 14)[i].tobytes().hex()} numpy {b.reshape(-1, 14)[i].tobytes().hex()}")
+        if x is not None:
+            msg.append(f"  input {x.reshape(-1, 32)[i]}")
+    pytest.fail("\n".join(msg))
+
+
+def _inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(20261202)
+    g = rng.standard_normal((64, 256))
+    out = {
+        "gaussian": g,
+        "student_t2": rng.standard_t(2, (64, 256)),
+        "outliers": np.where(rng.random((64, 256)) < 0.01, 1e4, 1.0) * g,
+        "zeros_mixed": np.where((np.arange(64 * 8) % 3 == 0)[:, None], 0.0, g.reshape(-1, 32)).reshape(64, 256),
+        "negative_zero": np.full((2, 64), -0.0),
+        "denormal": g * 1e-40,                    # float32 denormals
+        "tiny": g * 1e-30,
+        "fp16_underflow": g * 1e-9,               # scale below fp16's smallest denormal
+        "huge": g * 1e30,                         # scale saturates at fp16 max
+        "near_float_max": np.clip(g, -1, 1) * 3e38,
+        "per_block_scales": g * np.repeat(10.0 ** rng.integers(-8, 8, (64, 8)), 32, axis=1),
+        "constant": np.ones((4, 64)) * 0.37,
+        "spike": np.eye(32)[:4] * 5.0,
+        "walsh": (hadamard_orthonormal() * np.sqrt(32))[:8],
+        "ints": rng.integers(-3, 4, (16, 64)).astype(np.float64),
+    }
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("name", list(_inputs()))
+def test_c_and_numpy_identical(name):
+    x = _inputs()[name]
+    qc = tq3.quantize_tq3(x)
+    qn = tq3.quantize_tq3_ref(x)
+    assert_same_bytes(qc, qn, x)
+    dc, dn = tq3.dequantize_tq3(qc), tq3.dequantize_tq3_ref(qc)
+    assert np.array_equal(dc.view(np.uint32), dn.view(np.uint32))
+    assert np.isfinite(dc).all()  # saturating scale: even near FLT_MAX decodes finite
+    y8 = tq3.quantize_q8_0_ref(np.random.default_rng(1).standard_normal(x.shape).astype(np.float32))
+    vc, vn = tq3.vec_dot_tq3_q8_0(qc, y8), tq3.vec_dot_tq3_q8_0_ref(qc, y8)
+    assert np.array_equal(vc.view(np.uint32), vn.view(np.uint32))
+
+
+def test_random_bytes_decode_identically():
+    # every bit pattern a file may hold (incl. fp16 inf/NaN/denormal scales) decodes the same in C and numpy
+    raw = np.random.default_rng(7).integers(0, 256, (256, 14 * 8), dtype=np.uint8)
+    dc, dn = tq3.dequantize_tq3(raw), tq3.dequantize_tq3_ref(raw)
+    assert np.array_equal(dc.view(np.uint32), dn.view(np.uint32))
+
+
+def test_zero_blocks_are_exact():
+    x = np.zeros((3, 96), np.float32)
+    x[1, 32:64] = -0.0
+    x[2, 0:32] = np.random.default_rng(0).standard_normal(32)
+    q = tq3.quantize_tq3(x)
+    assert not q[0].any() and not q[1].any() and not q[2, 14:].any()
+    d = tq3.dequantize_tq3(q)
+    assert np.array_equal(d[:, 32:].view(np.uint32), np.zeros((3, 64), np.uint32))   # +0.0, not -0.0
+    assert np.abs(d[2, :32]).min() > 0
+
+
+def test_nonfinite_rejected():
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones((2, 64), np.float32)
+        x[1, 40] = bad
+        with pytest.raises(GgufToolError, match="NaN or Inf.*row 1, column 40"):
+            tq3.quantize_tq3(x)
+        with pytest.raises(GgufToolError, match="NaN or Inf"):
+            tq3.quantize_tq3_ref(x)
+        with pytest.raises(GgufToolError, match="NaN or Inf"):
+            tq3.quantize_tq3(x, threads=2)
+        out = np.full((2, 28), 0xAB, np.uint8)
+        assert _tq3.quantize_rows(x, out) == _tq3.ERR_NONFINITE
+        assert (out == 0xAB).all()                # nothing written
+        # the unchecked ggml reference marks just that block with a NaN scale, never a made-up one
+        row = np.empty(28, np.uint8)
+        _tq3.quantize_row_ref(np.ascontiguousarray(x[1]), row)
+        assert row[14:16].view("<u2")[0] == 0x7E00 and not row[16:].any()
+        d = tq3.dequantize_tq3(row)
+        assert np.isfinite(d[0, :32]).all() and np.isnan(d[0, 32:]).all()
+
+
+def test_bad_shapes_rejected():
+    with pytest.raises(GgufToolError, match="multiple of 32"):
+        tq3.quantize_tq3(np.ones((2, 33), np.float32))
+    with pytest.raises(GgufToolError, match="multiple of 14"):
+        tq3.dequantize_tq3(np.zeros((2, 15), np.uint8))
+    with pytest.raises(GgufToolError, match="floating-point"):
+        tq3.quantize_tq3(np.ones((2, 32), np.int32))
+    out = np.empty((1, 14), np.uint8)
+    assert _tq3.quantize_rows(np.ones((1, 32), np.float32)[:, :32], out) == _tq3.OK
+
+
+def test_fwht_is_the_hadamard_matrix():
+    v = np.random.default_rng(3).standard_normal((50, 32))
+    np.testing.assert_allclose(tq3.fwht(v) / np.sqrt(32), v @ H.T, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(H @ H, np.eye(32), atol=1e-15)          # symmetric and orthogonal: H H = I
+    assert np.array_equal(H, H.T)
+    np.testing.assert_allclose(tq3.fwht(tq3.fwht(v)) / 32, v, atol=1e-12)
+    iv = np.random.default_rng(4).integers(-128, 128, (10, 32))
+    assert np.array_equal(tq3.fwht(iv), iv @ (H * np.sqrt(32)).round().astype(int).T)
+
+
+def _pack_by_spec(scale_bits: int, idx: np.ndarray) -> bytes:
+    """docs/tq3.md written out with Python ints: fp16 LE, then 4 x 24-bit LE words of 8 x 3 bits."""
+    out = scale_bits.to_bytes(2, "little")
+    for g in range(4):
+        word = sum(int(idx[8 * g + i]) << (3 * i) for i in range(8))
+        out += word.to_bytes(3, "little")
+    return out
+
+
+def test_known_answer_from_the_spec():
+    # a block that is exactly D H (1.0 * c[idx]) must come back as scale 1.0 and the same indices
+    levels = [0] * 2 + [1] * 3 + [2] * 5 + [3] * 6 + [4] * 6 + [5] * 5 + [6] * 3 + [7] * 2
+    idx = np.random.default_rng(11).permutation(np.array(levels))
+    x = (D * (H @ C[idx])).astype(np.float32)
+    q = tq3.quantize_tq3(x[None])
+    assert q[0].tobytes() == _pack_by_spec(0x3C00, idx)
+    # and decoding is D H (s c[idx]) with explicit matrices
+    rng = np.random.default_rng(12)
+    q = tq3.quantize_tq3(rng.standard_normal((200, 32)).astype(np.float32))
+    s, idx = tq3._unpack(q)
+    for b in range(200):
+        assert q[b].tobytes() == _pack_by_spec(int(q[b, :2].view("<u2")[0]), idx[b])
+    expect = (D * ((s[:, None] * C[idx]) @ H.T))
+    np.testing.assert_allclose(tq3.dequantize_tq3(q), expect, rtol=0, atol=2e-6 * np.abs(expect).max())
+
+
+def test_known_answer_file():
+    kat = np.load(KAT)
+    q = tq3.quantize_tq3(kat["x"])
+    assert_same_bytes(q, kat["q"], kat["x"])
+    assert np.array_equal(tq3.dequantize_tq3(kat["q"]).view(np.uint32), kat["dq"].view(np.uint32))
+
+
+def test_relative_mse_against_theory():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40_000, 32)).astype(np.float32)
+    xh = tq3.dequantize_tq3(tq3.quantize_tq3(x))
+    rel = ((xh - x.astype(np.float64)) ** 2).sum() / (x.astype(np.float64) ** 2).sum()
+    assert PAPER_LOWER < rel <= LLOYD_MAX * 1.05 and rel <= PAPER_UPPER, rel
+    assert np.max(((xh - x) ** 2).sum(1) / (x ** 2).sum(1)) < 4 * PAPER_UPPER  # no block blows up
+    # TurboQuant as published (scale ||y|| / sqrt(32), nearest centroid, same rotation) lands on the
+    # Lloyd-Max distortion within 5%; our least-squares scale + 2 Lloyd passes must do better
+    y = (x * D) @ H.T
+    norm = np.linalg.norm(y, axis=1, keepdims=True)
+    t = y * np.sqrt(32) / norm
+    y_hat = C[np.searchsorted(np.array(cb.BOUNDARIES), t)] * norm / np.sqrt(32)
+    paper = ((y_hat @ H.T * D - x) ** 2).sum() / (x.astype(np.float64) ** 2).sum()
+    assert abs(paper / LLOYD_MAX - 1) < 0.05, paper
+    assert rel < paper
+    # heavy tails: the rotation keeps the distortion under the paper's bound
+    xt = rng.standard_t(3, (20_000, 32)).astype(np.float32)
+    xth = tq3.dequantize_tq3(tq3.quantize_tq3(xt))
+    assert ((xth - xt) ** 2).sum() / (xt.astype(np.float64) ** 2).sum() <= PAPER_UPPER
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_inner_product_error(d):
+    rng = np.random.default_rng(d)
+    n = 6000
+    q = rng.standard_normal((n, d))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    k = rng.standard_normal((n, d))
+    k = (k / np.linalg.norm(k, axis=1, keepdims=True)).astype(np.float32)
+    true = (q * k).sum(1)
+    kq = tq3.quantize_tq3(k)
+    err = np.abs((q * tq3.dequantize_tq3(kq)).sum(1) - true)
+    # error ~ N(0, D/d) for the Lloyd-Max distortion D: E|e| = sqrt(2/pi) sigma, p99 = 2.576 sigma
+    sigma = np.sqrt(LLOYD_MAX / d)
+    assert err.mean() <= 1.05 * np.sqrt(2 / np.pi) * sigma
+    assert np.percentile(err, 99) <= 1.15 * 2.576 * sigma
+    # Q4_0 spends one more bit per value: TQ3_0's error may be ~2x, not more
+    q40 = quants.dequantize(quants.quantize(k, T.Q4_0), T.Q4_0)
+    err40 = np.abs((q * q40).sum(1) - true)
+    assert err.mean() <= 2.2 * err40.mean()
+    assert np.percentile(err, 99) <= 2.2 * np.percentile(err40, 99)
+    # llama.cpp's K path: q -> Q8_0, then vec_dot; C equals the numpy twin bit for bit ...
+    y8 = tq3.quantize_q8_0_ref(q.astype(np.float32))
+    dots = tq3.vec_dot_tq3_q8_0(kq, y8)
+    assert np.array_equal(dots.view(np.uint32), tq3.vec_dot_tq3_q8_0_ref(kq, y8).view(np.uint32))
+    # ... and the float64 dot of the two dequantized rows, to float32 rounding
+    ref = (tq3.dequantize_tq3(kq).astype(np.float64) * quants.dequantize(y8, T.Q8_0)).sum(1)
+    np.testing.assert_allclose(dots, ref, rtol=0, atol=2e-6)
+    err_vd = np.abs(dots - true)
+    assert err_vd.mean() <= 1.05 * err.mean() + 1e-4
+
+
+def test_threads_and_ggml_entry_point_agree():
+    x = np.random.default_rng(9).standard_normal((37, 128)).astype(np.float32)
+    q1 = tq3.quantize_tq3(x)
+    assert np.array_equal(q1, tq3.quantize_tq3(x, threads=2))
+    out = np.empty_like(q1)
+    assert _tq3.quantize_ggml(x, out) == q1.size
+    assert np.array_equal(out, q1)
+
+
+def test_codec_registered():
+    from gguftool.quant import codec
+    from gguftool.types import BY_NAME
+    c = codec("TQ3_0")
+    t = BY_NAME["TQ3_0"]
+    assert (c.id, c.block_size, c.type_size, c.custom) == (t.id, 32, 14, True)
+    x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    assert np.array_equal(c.quantize(x, threads=1), tq3.quantize_tq3_ref(x))
+    assert np.array_equal(c.dequantize(c.quantize(x)), tq3.dequantize_tq3_ref(c.quantize(x)))
+    with pytest.raises(GgufToolError, match="no parameters"):
+        c.quantize(x, solver="hqq")
+
+
+_HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "gqt_tq3.h"
+int main(int argc, char ** argv) {
+    const int rows = atoi(argv[1]), n = atoi(argv[2]);
+    float * x = malloc(sizeof(float) * rows * n), * d = malloc(sizeof(float) * rows * n), * s = malloc(sizeof(float) * rows);
+    unsigned char * q = malloc((size_t) rows * n / 32 * 14), * y = malloc((size_t) rows * n / 32 * 34);
+    if (fread(x, sizeof(float), (size_t) rows * n, stdin) != (size_t) rows * n) return 2;
+    if (fread(y, 1, (size_t) rows * n / 32 * 34, stdin) != (size_t) rows * n / 32 * 34) return 2;
+    if (gqt_tq3_0_quantize_rows(x, q, rows, n) != GQT_OK) return 3;
+    for (int r = 0; r < rows; ++r) {
+        gqt_dequantize_row_tq3_0(q + (size_t) r * n / 32 * 14, d + (size_t) r * n, n);
+        gqt_vec_dot_tq3_0_q8_0(n, s + r, 0, q + (size_t) r * n / 32 * 14, 0, y + (size_t) r * n / 32 * 34, 0, 1);
+    }
+    fwrite(q, 1, (size_t) rows * n / 32 * 14, stdout);
+    fwrite(d, sizeof(float), (size_t) rows * n, stdout);
+    fwrite(s, sizeof(float), rows, stdout);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_native_flags_give_the_same_results(tmp_path):
+    """What llama.cpp's build does to the file (-O3 -march=native, contraction allowed by default)
+    must not change a bit: the kernel forbids FMA contraction itself."""
+    src = tmp_path / "h.c"
+    src.write_text(_HARNESS)
+    exe = tmp_path / "h"
+    fast = ROOT / "gguftool" / "_fast"
+    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", f"-I{fast}", str(src),
+                        str(fast / "gqt_tq3.c"), "-lm", "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    xs = [v for v in _inputs().values() if v.shape[1] % 32 == 0]
+    rng = np.random.default_rng(8)
+    for x in xs:
+        y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))
+        out = subprocess.run([str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
+                             capture_output=True, check=True).stdout
+        nq = x.size // 32 * 14
+        q = np.frombuffer(out[:nq], np.uint8).reshape(x.shape[0], -1)
+        assert_same_bytes(q, tq3.quantize_tq3_ref(x), x)
+        assert out[nq:nq + 4 * x.size] == tq3.dequantize_tq3_ref(q).tobytes()
+        assert out[nq + 4 * x.size:] == tq3.vec_dot_tq3_q8_0_ref(q, y8).tobytes()
+
+
+def _write_kat():  # run once per layout version: python tests/test_tq3.py
+    rng = np.random.default_rng(514)
+    x = np.concatenate([rng.standard_normal((8, 64)), rng.standard_t(2, (8, 64)), np.zeros((1, 64)),
+                        rng.standard_normal((4, 64)) * 1e-6]).astype(np.float32)
+    q = tq3.quantize_tq3_ref(x)
+    np.savez_compressed(KAT, x=x, q=q, dq=tq3.dequantize_tq3_ref(q))
+
+
+if __name__ == "__main__":
+    _write_kat()
