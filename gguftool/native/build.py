@@ -145,6 +145,7 @@ def _run_logged(cmd: list[str], logf, log, what: str, cwd: Path | None = None) -
     last_pct = ""
     for line in p.stdout:
         logf.write(line)
+        logf.flush()   # the log is what a user reads while a long build runs
         tail = (tail + [line.rstrip()])[-40:]
         if line.startswith("[") and "%]" in line[:8]:
             pct = line[:6]

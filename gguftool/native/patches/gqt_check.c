@@ -6,11 +6,11 @@
  *   gguftool-check quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32
  *       ggml_quantize_chunk(TYPE) over IN (rows of N_PER_ROW floats) -> OUT.q,
  *       then type_traits[TYPE].to_float(OUT.q) -> OUT.f32; also runs ggml_validate_row_data
- *   gguftool-check dot TYPE N X.f32 Y.f32
+ *   gguftool-check dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q]
  *       quantizes X to TYPE (ggml_quantize_chunk) and Y to the vec_dot type (ggml-cpu's
  *       from_float), then prints three numbers: the registered (SIMD) vec_dot, the scalar
  *       reference vec_dot (gqt_*_ref; the registered one again for TQ3_0), and the dot of the
- *       dequantized vectors in double precision
+ *       dequantized vectors in double precision; optionally writes both quantized rows
  *   gguftool-check validate TYPE FILE.q
  *       prints ggml_validate_row_data's verdict ("valid"/"invalid"), exit 0/3
  */
@@ -92,7 +92,8 @@ static int cmd_quant(const char * tname, long long npr, const char * in, const c
     return 0;
 }
 
-static int cmd_dot(const char * tname, long long n, const char * xs, const char * ys) {
+static int cmd_dot(const char * tname, long long n, const char * xs, const char * ys,
+                   const char * outx, const char * outy) {
     const enum ggml_type t = type_by_name(tname);
     size_t nx, ny;
     float * x = read_file(xs, &nx);
@@ -125,6 +126,10 @@ static int cmd_dot(const char * tname, long long n, const char * xs, const char 
     for (long long i = 0; i < n; ++i) {
         exact += (double) dx[i] * (double) dy[i];
     }
+    if (outx && outy) {
+        write_file(outx, qx, ggml_row_size(t, n));
+        write_file(outy, qy, ggml_row_size(vt, n));
+    }
     printf("%.9g %.9g %.9g\n", simd, ref, exact);
     return 0;
 }
@@ -142,9 +147,10 @@ int main(int argc, char ** argv) {
     ggml_cpu_init();
     if (argc == 2 && strcmp(argv[1], "types") == 0) return cmd_types();
     if (argc == 7 && strcmp(argv[1], "quant") == 0) return cmd_quant(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6]);
-    if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5]);
+    if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], NULL, NULL);
+    if (argc == 8 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6], argv[7]);
     if (argc == 4 && strcmp(argv[1], "validate") == 0) return cmd_validate(argv[2], argv[3]);
     fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
-                    "dot TYPE N X.f32 Y.f32 | validate TYPE FILE.q\n");
+                    "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q\n");
     return 2;
 }

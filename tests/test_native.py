@@ -1,0 +1,228 @@
+"""The patched llama.cpp build runs our types, and agrees with the Python package.
+
+Needs `gguftool native build` (scripts/build_native.sh); skipped with the reason when the build
+is missing or out of date (GGUFTOOL_NATIVE_REQUIRED=1 turns the skip into a failure, for CI).
+References: the numpy twins in gguftool.quant (independent code from the C kernels), ggml's own
+Q8_0/Q8_1 quantizers, double-precision dots of the dequantized rows, and the f16-cache /
+stock-weight perplexity measured by the same binary in the same test.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguftool import types as gtypes
+from gguftool.errors import GgufToolError
+
+pytestmark = pytest.mark.native
+
+DATA = Path(__file__).parent / "data"
+TEXT = DATA / "native_pride_excerpt.txt"
+OURS = [t.name for t in gtypes.CUSTOM_TYPES]
+
+
+def _skip_or_fail(msg: str):
+    if os.environ.get("GGUFTOOL_NATIVE_REQUIRED"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def native():
+    from gguftool.native import tools
+    try:
+        return tools.find_build(require_current=True)
+    except GgufToolError as e:
+        _skip_or_fail(f"{e.message} ({e.hint})")
+
+
+def check(native, *args: str) -> str:
+    r = subprocess.run([str(native.tool("gguftool-check")), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"gguftool-check {' '.join(args)} failed: {r.stderr}"
+    return r.stdout
+
+
+def _weights(rng: np.random.Generator, rows: int = 12, n: int = 512) -> np.ndarray:
+    """Weight-like rows with the awkward blocks a real tensor has."""
+    x = rng.standard_normal((rows, n)).astype(np.float32) * rng.uniform(0.005, 0.2, (rows, 1)).astype(np.float32)
+    x[0, :128] = 0.0                 # all-zero blocks (and a zero HQQ_128 group)
+    x[1, :128] = np.float32(0.03125)  # constant blocks
+    x[2, 7] = np.float32(2.5)        # an outlier
+    x[3] *= np.float32(1e-4)         # tiny values (fp16 subnormal scales)
+    x[4, 32:64] = -x[4, 32:64] ** 2  # one-signed block
+    return x
+
+
+def _python_codec(name: str):
+    from gguftool.quant import hqq, tq3
+    if name == "TQ3_0":
+        return tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref, tq3.quantize_tq3
+    return (lambda x: hqq.quantize_hqq_ref(x, name), lambda d: hqq.dequantize_hqq_ref(d, name),
+            lambda x: hqq.quantize_hqq(x, name))
+
+
+def test_types_registered_with_our_ids(native):
+    lines = check(native, "types").split("\n")
+    got = {p[0]: p for p in (l.split() for l in lines if l and not l.startswith("COUNT"))}
+    for t in gtypes.CUSTOM_TYPES:
+        name, tid, blck, size, quantized, vdt = got[t.ggml_name]
+        assert (int(tid), int(blck), int(size), quantized) == (t.id, t.block_size, t.type_size, "1")
+        assert vdt == ("q8_0" if t.name == "TQ3_0" else "q8_1")   # Q4_HQQ pairs like Q4_1
+    count = int(next(l for l in lines if l.startswith("COUNT")).split()[1])
+    assert count == max(t.id for t in gtypes.CUSTOM_TYPES) + 1
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_quantize_bytes_match_python(native, name, tmp_path, rng):
+    x = _weights(rng)
+    src, q, deq = tmp_path / "x.f32", tmp_path / "x.q", tmp_path / "x.deq"
+    x.tofile(src)
+    check(native, "quant", name.lower(), str(x.shape[1]), str(src), str(q), str(deq))
+    got = np.fromfile(q, np.uint8).reshape(x.shape[0], -1)
+    ref_q, ref_dq, fast_q = _python_codec(name)
+    want = ref_q(x)
+    bad = np.nonzero((got != want).any(axis=1))[0]
+    assert bad.size == 0, f"{name}: llama.cpp bytes differ from the numpy reference in rows {bad.tolist()}"
+    assert np.array_equal(got, fast_q(x))
+    # both dequantizers agree bit for bit
+    got_dq = np.fromfile(deq, np.float32).reshape(x.shape)
+    assert np.array_equal(got_dq.view(np.uint32), ref_dq(want).astype(np.float32).view(np.uint32))
+    # and the decoded values are a quantization of x, not garbage
+    err = np.abs(got_dq - x).max(axis=1)
+    assert (err <= 0.5 * np.abs(x).max(axis=1) + 1e-30).all()
+
+
+@pytest.mark.parametrize("name", OURS)
+@pytest.mark.parametrize("n", [128, 256, 4096])
+def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
+    from gguftool.quant import hqq, tq3
+    for trial in range(3):
+        x = (rng.standard_normal(n) * 0.05 + (0.01 if trial == 1 else 0.0)).astype(np.float32)
+        y = rng.standard_normal(n).astype(np.float32) * np.float32(3.0)
+        fx, fy, qx, qy = (tmp_path / f"{s}{trial}" for s in ("x.f32", "y.f32", "x.q", "y.q"))
+        x.tofile(fx)
+        y.tofile(fy)
+        simd, ref, exact = map(float, check(native, "dot", name.lower(), str(n), str(fx), str(fy),
+                                            str(qx), str(qy)).split())
+        xq, yq = np.fromfile(qx, np.uint8), np.fromfile(qy, np.uint8)
+        if name == "TQ3_0":
+            dx = tq3.dequantize_tq3_ref(xq.reshape(1, -1)).reshape(-1)
+            # the registered kernel is the scalar one: identical to its numpy twin
+            assert np.float32(simd) == tq3.vec_dot_tq3_q8_0_ref(xq.reshape(1, -1), yq.reshape(1, -1))[0]
+        else:
+            dx = hqq.dequantize_hqq_ref(xq.reshape(1, -1), name).reshape(-1)
+            assert np.float32(ref) == hqq.vec_dot_q8_1_ref(xq, yq, name)      # C ref == numpy twin
+        yb = yq.reshape(-1, 34 if name == "TQ3_0" else 36)
+        dy = (yb[:, 0:2].copy().view(np.float16).astype(np.float64)
+              * yb[:, -32:].view(np.int8).astype(np.float64)).reshape(-1)
+        mag = float(np.abs(dx.astype(np.float64) * dy).sum())
+        assert abs(exact - float(dx.astype(np.float64) @ dy)) <= 1e-9 * mag + 1e-12
+        # SIMD vs scalar reference: same math, other summation order
+        assert abs(simd - ref) <= 1e-5 * mag + 1e-6, (simd, ref, mag)
+        # vs the exact dot of what the blocks decode to (Q8_1's s is an fp16 rounding of d*sum(q))
+        assert abs(simd - exact) <= 2e-3 * mag + 1e-5, (simd, exact, mag)
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_validate_row_data_checks_fp16_fields(native, name, tmp_path, rng):
+    x = _weights(rng, rows=2, n=256)
+    src, q, deq = tmp_path / "x.f32", tmp_path / "x.q", tmp_path / "x.deq"
+    x.tofile(src)
+    check(native, "quant", name.lower(), "256", str(src), str(q), str(deq))
+    assert check(native, "validate", name.lower(), str(q)).strip() == "valid"
+    t = gtypes.BY_NAME[name]
+    data = np.fromfile(q, np.uint8)
+    fields = [0] if name == "TQ3_0" else [0, 2]          # scale; and zero for the HQQ types
+    for off in fields:
+        bad = data.copy()
+        bad[t.type_size + off: t.type_size + off + 2] = np.array([0x00, 0x7E], np.uint8)  # fp16 NaN in block 1
+        p = tmp_path / f"bad{off}.q"
+        bad.tofile(p)
+        r = subprocess.run([str(native.tool("gguftool-check")), "validate", name.lower(), str(p)],
+                           capture_output=True, text=True)
+        assert r.returncode == 3 and r.stdout.strip() == "invalid", r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- whole models
+
+PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf)")
+
+
+def perplexity(native, model: Path, *extra: str, chunks: int = 3, ctx: int = 256, env: dict | None = None) -> float:
+    cmd = [str(native.tool("llama-perplexity")), "-m", str(model), "-f", str(TEXT), "-c", str(ctx),
+           "--chunks", str(chunks), "-t", "2", "-b", str(ctx), *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{out[-3000:]}"
+    m = PPL_RE.search(out)
+    assert m, f"no final estimate in output:\n{out[-2000:]}"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="session")
+def kv_ppl(native, smollm2):
+    """f16-cache perplexity of the stock model: the reference every quantized cache is judged by."""
+    cache = {}
+
+    def run(k: str, v: str, rot: bool = True) -> float:
+        key = (k, v, rot)
+        if key not in cache:
+            cache[key] = perplexity(native, smollm2, "-fa", "on", "-ctk", k, "-ctv", v,
+                                    env=None if rot else {"LLAMA_ATTN_ROT_DISABLE": "1"})
+        return cache[key]
+    return run
+
+
+def test_stock_quantized_model_runs(kv_ppl):
+    # a Q4_1 model through the whole CPU path (the AMX crash of upstream #20824 would abort here)
+    ppl = kv_ppl("f16", "f16")
+    assert math.isfinite(ppl) and 1.0 < ppl < 100.0
+
+
+@pytest.mark.parametrize("k,v", [("q4_hqq", "q4_hqq"), ("tq3_0", "tq3_0"), ("tq3_0", "f16"), ("f16", "tq3_0"),
+                                 ("q4_hqq", "q8_0")])
+def test_kv_cache_types_give_sane_perplexity(kv_ppl, k, v):
+    base = kv_ppl("f16", "f16")
+    ppl = kv_ppl(k, v)
+    assert math.isfinite(ppl)
+    # a 3-4 bit cache costs a few percent on this model; the community TQ3 K-cache bug gave 100s
+    assert ppl < 1.5 * base, (k, v, ppl, base)
+
+
+def test_tq3_k_cache_in_range_of_v_cache(kv_ppl):
+    k_only, v_only, base = kv_ppl("tq3_0", "f16"), kv_ppl("f16", "tq3_0"), kv_ppl("f16", "f16")
+    # K carries the softmax logits and is the more sensitive side, but not by an order of magnitude
+    assert (k_only - base) <= 4.0 * max(v_only - base, 0.02 * base), (k_only, v_only, base)
+
+
+def test_quantized_v_turns_flash_attention_on(native, smollm2):
+    cmd = [str(native.tool("llama-perplexity")), "-m", str(smollm2), "-f", str(TEXT), "-c", "128",
+           "--chunks", "1", "-t", "2", "-fa", "auto", "-ctv", "q4_hqq"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "enabling flash_attn since it is required for quantized V cache" in r.stdout + r.stderr
+
+
+@pytest.fixture(scope="session")
+def q4_hqq_model(smollm2, tmp_path_factory):
+    out = tmp_path_factory.mktemp("native") / "smollm2-q4_hqq.gguf"
+    r = subprocess.run([sys.executable, "-m", "gguftool", "quantize", str(smollm2), str(out), "Q4_HQQ",
+                        "--allow-requantize", "-t", "2"], capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        pytest.fail(f"gguftool quantize failed: {r.stderr[-2000:]}")
+    return out
+
+
+def test_q4_hqq_weights_run_in_llama_cpp(native, smollm2, q4_hqq_model, kv_ppl):
+    ppl = perplexity(native, q4_hqq_model, "-fa", "on")
+    base = kv_ppl("f16", "f16")   # the stock Q4_1 file, same text and settings
+    assert math.isfinite(ppl)
+    # the weights already sit on a Q4_1 grid, so HQQ requantization can only lose a little
+    assert ppl < 1.15 * base, (ppl, base)
