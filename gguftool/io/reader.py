@@ -6,6 +6,8 @@ the installed package). We reuse its parsing and replace only the tensor step, s
 """
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +109,7 @@ class _Reader(GGUFReader):
             if any(d <= 0 for d in ne):
                 raise GgufToolError(f"{where}invalid dimensions {ne}")
             t = tensor_type(int(raw_dtype[0]), where)
-            n = int(np.prod(ne, dtype=np.int64)) if ne else 1
+            n = math.prod(ne)  # Python ints: a corrupt shape cannot overflow into a small size
             if ne[0] % t.block_size:
                 raise GgufToolError(f"{where}row of {ne[0]} values does not divide {t.name}'s block of {t.block_size}")
             n_bytes = n // t.block_size * t.type_size
@@ -156,6 +158,11 @@ class GGUFFile:
         self.alignment = int(r.alignment)
         self.data_offset = int(r.data_offset)
         self.fields: dict[str, ReaderField] = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
+        for k, f in self.fields.items():  # decode every string once, so later reads cannot fail
+            try:
+                _field_value(f)
+            except (UnicodeDecodeError, ValueError, IndexError) as e:
+                raise GgufToolError(f"{self.path}: metadata {k!r} holds an invalid value ({type(e).__name__})") from None
         self.tensors: list[Tensor] = r.gt_tensors
         self._by_name = {t.name: t for t in self.tensors}
         self._check_type_records()
@@ -184,6 +191,16 @@ class GGUFFile:
             return self._by_name[name]
         except KeyError:
             raise GgufToolError(f"{self.path}: no tensor named {name!r}") from None
+
+    def release(self, t: Tensor) -> None:
+        """Drop a tensor's pages from this process (they stay in the page cache): streaming a model
+        then keeps resident memory near one tensor instead of growing to the whole file."""
+        mm = getattr(self._reader.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = t.offset // page * page
+        mm.madvise(mmap.MADV_DONTNEED, start, t.offset + t.n_bytes - start)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name

@@ -70,7 +70,7 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
             if s.action == "copy":
                 w.write(t.raw_rows())
                 pb.update(t.n_bytes)
-                continue
-            out = codec(s.out_type.name)
-            w.write_chunks(quantize_tensor(src, t, out, threads, params, pb))
+            else:
+                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, params, pb))
+            src.release(t)
         w.commit()
