@@ -40,6 +40,7 @@ class StreamingWriter:
     def __init__(self, out: str | os.PathLike[str], arch: str):
         self.out = Path(out)
         self.tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}.tmp")
+        _remove_stale_temporaries(self.out)
         self._w = GGUFWriter(None, arch)
         self._custom_used: set[str] = set()
         self._order: list[tuple[str, int]] = []
@@ -105,7 +106,7 @@ class StreamingWriter:
             written = 0
             for c in chunks:
                 c = np.ascontiguousarray(c)
-                c.tofile(fout)
+                fout.write(c.data.cast("B"))  # not tofile(): its short-write error carries no errno
                 written += c.nbytes
             if written != ti.nbytes:
                 raise GgufToolError(f"internal error: tensor {name!r} produced {written} bytes, {ti.nbytes} declared")
@@ -140,6 +141,21 @@ class StreamingWriter:
         except BaseException:
             self.abort()
             raise
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Temporary files left by a writer that was killed (SIGKILL, power loss) for the same output."""
+    for p in out.parent.glob(f".{out.name}.*.tmp"):
+        pid = p.name[len(out.name) + 2:-4]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        except PermissionError:
+            pass  # another user's live process
 
 
 def _os_error(out: Path, e: OSError) -> GgufToolError:

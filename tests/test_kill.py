@@ -1,0 +1,66 @@
+"""SIGKILL during `gguftool quantize`: the output name is either absent or a whole, valid file, and
+the input never changes. Disk full: a clear error and no file left behind."""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from gguftool.cli import main
+from gguftool.io.reader import GGUFFile
+
+from .conftest import tiny_llama
+
+
+def test_sigkill_at_random_points(tmp_path):
+    rng = np.random.default_rng(3)
+    src = tiny_llama(tmp_path / "in.gguf", rng, n_embd=512, n_ff=1536, n_vocab=256, n_layer=4)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = tmp_path / "out.gguf"
+    outcomes = set()
+    for delay in np.random.default_rng(11).uniform(0.3, 4.0, size=8):
+        p = subprocess.Popen([sys.executable, "-m", "gguftool", "quantize", str(src), str(out), "Q5_1", "-t", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if out.exists():
+            f = GGUFFile(out)  # whole and valid, or this raises
+            assert len(f.tensors) == len(GGUFFile(src).tensors)
+            outcomes.add("complete")
+            out.unlink()
+        else:
+            outcomes.add("absent")
+        assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
+    assert "absent" in outcomes  # the kills did land mid-run
+    # the next run cleans up what the killed ones left, and succeeds
+    assert main(["quantize", str(src), str(out), "Q5_1"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.gguf", "out.gguf"]
+
+
+def _mount_tiny_tmpfs(path) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True)
+    return r.returncode == 0
+
+
+def test_disk_full_is_a_clear_error(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "in.gguf", rng, n_embd=256, n_ff=512)
+    full = tmp_path / "full"
+    if not _mount_tiny_tmpfs(full):
+        pytest.skip("needs root and tmpfs to make a small filesystem")
+    try:
+        assert main(["quantize", str(src), str(full / "o.gguf"), "Q8_0"]) == 1
+        err = capsys.readouterr().err
+        assert "disk full" in err and str(full / "o.gguf") in err
+        assert os.listdir(full) == []
+    finally:
+        subprocess.run(["umount", str(full)])
