@@ -44,9 +44,15 @@ def register(c: Codec) -> Codec:
     return c
 
 
+_loaded = False
+
+
 def _load() -> None:
-    if _CODECS:
+    """Import every family once; a family imported directly first still sees all the others."""
+    global _loaded
+    if _loaded:
         return
+    _loaded = True
     from . import standard  # noqa: F401  (registers the upstream types)
     for module in ("hqq", "tq3"):
         try:
