@@ -174,6 +174,26 @@ def edits() -> list[Edit]:
              "            return (ggml_type) i;\n"
              "        }\n"
              "    }\n"),
+        # llama-quantize: a file type per custom type (ftype value = type id, cast: llama.h stays
+        # untouched so only three files recompile); Q4_HQQ_128 rows that 128 does not divide
+        # fall back to Q4_HQQ
+        Edit("src/llama-quant.cpp", "        case LLAMA_FTYPE_MOSTLY_IQ3_M:   return GGML_TYPE_IQ3_S;\n",
+             "".join(f"        case (llama_ftype) {t.id}: return GGML_TYPE_{t.name}; // gguftool\n"
+                     for t in gtypes.CUSTOM_TYPES)),
+        Edit("src/llama-quant.cpp", "            case GGML_TYPE_Q6_K:    return_type = GGML_TYPE_Q8_0;   break;\n",
+             "            case GGML_TYPE_Q4_HQQ_128: return_type = GGML_TYPE_Q4_HQQ; break; // gguftool\n"),
+        Edit("src/llama-model-loader.cpp",
+             '        case LLAMA_FTYPE_MOSTLY_Q4_1:      name = LLAMA_FTYPE_PREFIX "Q4_1"; break;\n',
+             "".join(f'        case (llama_ftype) {t.id}: name = LLAMA_FTYPE_PREFIX "{t.name}"; break; // gguftool\n'
+                     for t in gtypes.CUSTOM_TYPES)),
+        Edit("src/llama-model-loader.cpp",
+             "            case GGML_TYPE_Q4_1:    ftype = LLAMA_FTYPE_MOSTLY_Q4_1;    break;\n",
+             "".join(f"            case GGML_TYPE_{t.name}: ftype = (llama_ftype) {t.id}; break; // gguftool\n"
+                     for t in gtypes.CUSTOM_TYPES)),
+        Edit("tools/quantize/quantize.cpp",
+             '    { "Q4_1",     LLAMA_FTYPE_MOSTLY_Q4_1,     " 4.78G, +0.4511 ppl @ Llama-3-8B",  },\n',
+             "".join(f'    {{ "{t.name}", (llama_ftype) {t.id}, " {t.bpw:.2f} bpw, gguftool type {t.id}", }},\n'
+                     for t in gtypes.CUSTOM_TYPES)),
         # build our kernels into ggml-base / ggml-cpu (after all backends are added)
         Edit("ggml/src/CMakeLists.txt", "target_link_libraries(ggml-base PRIVATE Threads::Threads)\n",
              "include(${CMAKE_CURRENT_SOURCE_DIR}/../../gguftool/gguftool.cmake) # gguftool kernels\n"),
