@@ -18,14 +18,16 @@ static inline int is_nonfinite(float v) {
     return (gqt_f32_to_bits(v) & UINT32_C(0x7F800000)) == UINT32_C(0x7F800000);
 }
 
-/* Unnormalised Walsh-Hadamard transform, natural (Sylvester) order: v <- H32 * v, H32 = sqrt(32) H. */
-#define FWHT32(T, v)                                                   \
-    for (int h_ = 1; h_ < QK; h_ <<= 1)                                \
-        for (int i_ = 0; i_ < QK; i_ += h_ << 1)                       \
-            for (int j_ = i_; j_ < i_ + h_; ++j_) {                    \
-                const T a_ = (v)[j_], b_ = (v)[j_ + h_];               \
-                (v)[j_] = a_ + b_; (v)[j_ + h_] = a_ - b_;             \
-            }
+/* Unnormalised Walsh-Hadamard transform, natural (Sylvester) order: v <- H32 * v, H32 = sqrt(32) H.
+ * One butterfly stage per call with a constant span, so the compiler can unroll and vectorise. */
+#define FWHT_STAGE(T, v, h)                                            \
+    for (int i_ = 0; i_ < QK; i_ += 2 * (h))                           \
+        for (int j_ = i_; j_ < i_ + (h); ++j_) {                       \
+            const T a_ = (v)[j_], b_ = (v)[j_ + (h)];                  \
+            (v)[j_] = a_ + b_; (v)[j_ + (h)] = a_ - b_;                \
+        }
+#define FWHT32(T, v) \
+    FWHT_STAGE(T, v, 1) FWHT_STAGE(T, v, 2) FWHT_STAGE(T, v, 4) FWHT_STAGE(T, v, 8) FWHT_STAGE(T, v, 16)
 
 static inline void fwht32_d(double * v) { FWHT32(double, v) }
 static inline void fwht32_f(float * v) { FWHT32(float, v) }
@@ -89,10 +91,11 @@ static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
     }
 }
 
-static inline void unpack(const gqt_block_tq3_0 * b, uint8_t * idx) {
+/* the block's 32 centroids c[idx[j]] as floats */
+static inline void unpack_centroids(const gqt_block_tq3_0 * b, float * v) {
     for (int g = 0; g < 4; ++g) {
         const uint32_t w = (uint32_t) b->qs[3 * g] | (uint32_t) b->qs[3 * g + 1] << 8 | (uint32_t) b->qs[3 * g + 2] << 16;
-        for (int i = 0; i < 8; ++i) idx[8 * g + i] = (uint8_t) ((w >> (3 * i)) & 7);
+        for (int i = 0; i < 8; ++i) v[8 * g + i] = gqt_tq3_centroids_f[(w >> (3 * i)) & 7];
     }
 }
 
@@ -106,10 +109,8 @@ void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
     for (int64_t b = 0; b < k / QK; ++b, y += QK) {
         const float s = gqt_fp16_to_fp32(in[b].d);
         if (s == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
-        uint8_t idx[QK];
         float v[QK];
-        unpack(&in[b], idx);
-        for (int j = 0; j < QK; ++j) v[j] = gqt_tq3_centroids_f[idx[j]];
+        unpack_centroids(&in[b], v);
         fwht32_f(v);
         const float m = s * GQT_TQ3_INV_SQRT32F;
         for (int j = 0; j < QK; ++j) {
@@ -146,13 +147,13 @@ void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     for (int b = 0; b < n / QK; ++b) {
         const float sx = gqt_fp16_to_fp32(x[b].d);
         if (sx == 0.0f) continue;  /* zero block; also keeps 0 * inf out */
-        uint8_t idx[QK];
+        float c[QK];
         int32_t w[QK];
-        unpack(&x[b], idx);
+        unpack_centroids(&x[b], c);
         for (int j = 0; j < QK; ++j) w[j] = (GQT_TQ3_SIGN_WORD >> j) & 1 ? -(int32_t) y[b].qs[j] : (int32_t) y[b].qs[j];
         fwht32_i(w);
         float dot = 0.0f;
-        for (int j = 0; j < QK; ++j) dot += gqt_tq3_centroids_f[idx[j]] * (float) w[j];
+        for (int j = 0; j < QK; ++j) dot += c[j] * (float) w[j];
         sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * dot;
     }
     *s = sumf * GQT_TQ3_INV_SQRT32F;
