@@ -13,7 +13,7 @@
 /* Scale-search offsets r, in search order: inverse scale (qmax + r) / (max - min).
  * Must equal SCALE_STEPS in gguftool/quant/hqq.py. */
 static const float GQT_HQQ_SCALE_STEPS[2 * GQT_HQQ_SCALE_SEARCH_MAX] = {
-    1.0f, -0.5f, 2.0f, -1.0f, 3.0f, -1.5f, 4.0f, 0.5f, 5.0f, 1.5f, 6.0f, 2.5f,
+    0.5f, -0.5f, 1.0f, -1.0f, 0.25f, -0.25f, 0.75f, -0.75f, 1.5f, -1.5f, 2.0f, -2.0f,
 };
 
 #define S_INV_CAP 16777216.0f  /* 2^24: 1/2^24 is fp16's smallest step */
@@ -43,7 +43,7 @@ void gqt_hqq_default_params(gqt_hqq_params * p) {
     p->kappa = 1.01f;
     p->iters = 20;
     p->early_stop = 1;
-    p->scale_search = 0;
+    p->scale_search = 1;   /* see HQQParams in hqq.py: ~9% lower MSE than plain HQQ for 3x the time */
 }
 
 static int params_ok(const gqt_hqq_params * p) {

