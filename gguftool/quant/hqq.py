@@ -26,10 +26,14 @@ Differences from hqq, on purpose:
 * hqq's guards for half precision (scale=1 when max-min <= 1e-4, scale clamped to 2e4) are absolute
   and would wreck small-magnitude blocks; instead the inverse scale is capped at 2^24 (fp16's
   smallest step) and at 60000/max|x| (so the fp16 zero stays finite).
-* Optional scale search (`scale_search=n`, 0 = plain HQQ): also try inverse scales
+* Scale search (`scale_search=n`; default 1, 0 = plain HQQ): also try inverse scales
   (qmax + r)/(max - min) for r in SCALE_STEPS[:2n] (like llama.cpp's make_qkx2_quants), run the
   zero loop for each, keep the candidate with the lowest block squared error (the plain min-max
-  candidate first; ties keep the earlier).
+  candidate first; ties keep the earlier). Measured relative MSE vs llama.cpp's Q4_1 (gguf.quants)
+  on all-MiniLM-L6-v2 weights: plain 0.90, scale_search=1 0.82, =3 0.80 (scripts/bench_hqq_quality.py).
+* Per-block vs per-tensor early stop, measured: with hqq's per-tensor rule the g32 MSE is ~0.4%
+  lower (Gaussian: 0.894 vs 0.898 of Q4_1; the hqq package itself gives 0.894), because some blocks
+  stop one or two steps early on their own noisy error; early_stop=0 (all 20 steps) recovers it.
 * A constant block c is stored exactly as scale = fp16(c), zero = -1, codes 0 (exact when c is an
   fp16 value; an all-zero block decodes to exact zeros).
 
@@ -237,7 +241,7 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
         a[const], b[const] = c, (c if stock else np.float16(-1))
     live = np.flatnonzero(~const)
     W_f, mn, mx = W_f[live], mn[live], mx[live]
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):   # maxabs 0 or denormal: cap stays 2^24
         cap = np.minimum(_S_INV_CAP, _ZERO_CAP / np.maximum(np.abs(mn), np.abs(mx)))
     best = np.full(len(live), np.inf, F32)
     for r in (0.0, *SCALE_STEPS[:2 * prm.scale_search]):
