@@ -95,6 +95,37 @@ def inner_product(codecs: dict, rng: np.random.Generator, n: int) -> dict:
     return res
 
 
+def sylvester(n: int) -> np.ndarray:
+    """llama.cpp's attention rotation (ggml_gen_hadamard): natural-order Sylvester H_n / sqrt(n)."""
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def upstream_rotation(rng: np.random.Generator, n: int) -> dict:
+    """Relative MSE on K-like head vectors (3 outlier dims at 20x, one dim offset by +8) with and
+    without llama.cpp's per-head rotation in front, a numpy simulation of the KV-cache store."""
+    res = {}
+    signs = np.array(tq3._NEG, dtype=np.float32) * -2 + 1
+    for d in (64, 128, 256):
+        k = rng.standard_normal((n, d))
+        k[:, [3, 17, 40]] *= 20.0
+        k[:, 5] += 8.0
+        k = k.astype(np.float32)
+        kr = (k @ sylvester(d).T).astype(np.float32)
+        dd = np.tile(signs, d // 32)
+        res[d] = {
+            "TQ3_0": rel_mse(k, tq3.dequantize_tq3(tq3.quantize_tq3(k))),
+            "TQ3_0 + upstream rot": rel_mse(kr, tq3.dequantize_tq3(tq3.quantize_tq3(kr))),
+            # D applied twice = no sign flips: shows why D matters once upstream rotates too
+            "TQ3_0 without D + upstream rot": rel_mse(kr, dd * tq3.dequantize_tq3(tq3.quantize_tq3(kr * dd))),
+            "Q4_0": rel_mse(k, quants.dequantize(quants.quantize(k, T.Q4_0), T.Q4_0)),
+            "Q4_0 + upstream rot": rel_mse(kr, quants.dequantize(quants.quantize(kr, T.Q4_0), T.Q4_0)),
+        }
+    return res
+
+
 def _rate(fn, arg, values: int, min_time: float = 0.3) -> float:
     fn(arg)  # warm up
     reps, t = 0, 0.0
@@ -151,14 +182,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  d={d:<4d} {name:24s} mean {v['mean']:.5f}  p99 {v['p99']:.5f}  "
                   f"(x{v['mean'] / row['Q4_0']['mean']:.2f} Q4_0)")
 
+    ur = upstream_rotation(rng, 4_000 if args.quick else 20_000)
+    print("\nK-like head vectors, relative MSE with llama.cpp's Q/K rotation (H_d) in front (numpy simulation)")
+    cols = list(next(iter(ur.values())))
+    print(f"{'head dim':10s}" + "".join(f"{c:>32s}" for c in cols))
+    for d, row in ur.items():
+        print(f"{d:<10d}" + "".join(f"{row[c]:32.5f}" for c in cols))
+
     sp = speed(rng, 64 if args.quick else 256)
     base_q, base_d = sp["Q4_0 quantize (gguf.quants numpy)"], sp["Q4_0 dequantize (gguf.quants numpy)"]
     print("\nspeed (values/s; ratio to gguf.quants numpy Q4_0 of the same direction, same run)")
     for name, v in sp.items():
-        base = base_q if "quantize" in name and "de" not in name.split()[1] else base_d
+        base = base_q if name.split()[1] == "quantize" else base_d   # vec_dot: vs Q4_0 dequantize
         print(f"  {name:38s} {v / 1e6:10.1f} M/s   x{v / base:.2f}")
 
     result = {"quality_rel_mse": qual, "inner_product_abs_error": {str(k): v for k, v in ip.items()},
+              "upstream_rotation_rel_mse": {str(k): v for k, v in ur.items()},
               "values_per_second": sp,
               "reference": {"lloyd_max_d32": DISTORTION, "paper_upper_b3": PAPER_UPPER,
                             "paper_lower_b3": PAPER_LOWER, "gaussian_lloyd_max_b3": GAUSS_LLOYD_MAX},

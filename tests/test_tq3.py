@@ -199,6 +199,37 @@ def test_relative_mse_against_theory():
     assert ((xth - xt) ** 2).sum() / (xt.astype(np.float64) ** 2).sum() <= PAPER_UPPER
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_composes_with_upstream_rotation(d):
+    """llama.cpp (PR #21038) multiplies K/V head vectors by the natural-order Sylvester matrix H_d
+    = H_(d/32) (x) H_32 before they reach the cache. Our block transform H_32 D then sees
+    H_32 D H_32 per block: with D = I the two would cancel to a mere pairing of blocks; with the
+    committed flat-spectrum D every entry is 0 or +-1/4, so the composition still spreads."""
+    hd = np.array([[1.0]])
+    while hd.shape[0] < d:
+        hd = np.block([[hd, hd], [hd, -hd]])
+    hd /= np.sqrt(d)
+    assert np.allclose(hd, np.kron(hadamard_orthonormal(d // 32), H))
+    assert np.allclose(np.unique(np.abs(H @ np.diag(D) @ H).round(12)), [0, 0.25])
+    rng = np.random.default_rng(d)
+    k = rng.standard_normal((4000, d))
+    k[:, [3, 17, 40]] *= 20.0          # outlier channels
+    k[:, 5] += 8.0                     # and an offset one, as K caches have
+    k = k.astype(np.float32)
+    kr = (k @ hd.T).astype(np.float32)
+
+    def rel(x, xh):
+        return ((xh - x.astype(np.float64)) ** 2).sum() / (x.astype(np.float64) ** 2).sum()
+
+    plain = rel(k, tq3.dequantize_tq3(tq3.quantize_tq3(k)))
+    rotated = rel(kr, tq3.dequantize_tq3(tq3.quantize_tq3(kr)))
+    assert rotated <= LLOYD_MAX and rotated <= 1.05 * plain, (plain, rotated)
+    # the same type without D (quantizing D*x applies D twice): upstream's rotation is undone
+    dd = np.tile(D, d // 32).astype(np.float32)
+    no_d = rel(kr, dd * tq3.dequantize_tq3(tq3.quantize_tq3(kr * dd)))
+    assert no_d > 2 * rotated
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_inner_product_error(d):
     rng = np.random.default_rng(d)
