@@ -161,7 +161,8 @@ def test_stock_layouts_decode_with_gguf(target, qtype):
     theirs = quants.dequantize(data, qtype).astype(F32)
     assert np.array_equal(theirs, H.dequantize_hqq(data, target))
     assert np.array_equal(theirs, H.dequantize_hqq(data, target, impl="numpy"))
-    ref = quants.dequantize(quants.quantize(x, qtype), qtype)
+    with np.errstate(all="ignore"):   # llama.cpp's reference divides by the denormal range of one edge block
+        ref = quants.dequantize(quants.quantize(x, qtype), qtype)
     err, err_ref = ((x - theirs) ** 2).sum(), ((x - ref) ** 2).sum()
     assert err < err_ref
 

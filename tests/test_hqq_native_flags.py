@@ -1,0 +1,60 @@
+"""The same gqt_hqq.c compiled the way the native llama.cpp build compiles it (-O3 -march=native
+-ffp-contract=off, gnu11) must write the known-answer bytes too: byte parity may not depend on the
+compiler's optimisation level or on the host's SIMD. Skipped without a C compiler."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FAST = Path(__file__).resolve().parents[1] / "gguftool" / "_fast"
+KAT = Path(__file__).parent / "data" / "hqq_kat.npz"
+CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+class Params(ctypes.Structure):
+    _fields_ = [("lp_norm", ctypes.c_float), ("beta", ctypes.c_float), ("kappa", ctypes.c_float),
+                ("iters", ctypes.c_int), ("early_stop", ctypes.c_int), ("scale_search", ctypes.c_int)]
+
+
+@pytest.fixture(scope="module")
+def native_lib(tmp_path_factory):
+    if CC is None:
+        pytest.skip("no C compiler")
+    so = tmp_path_factory.mktemp("hqq_native") / "libgqt_hqq.so"
+    cmd = [CC, "-O3", "-march=native", "-ffp-contract=off", "-std=gnu11", "-shared", "-fPIC",
+           f"-I{FAST}", str(FAST / "gqt_hqq.c"), "-o", str(so), "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"compiler failed: {r.stderr[:300]}")
+    lib = ctypes.CDLL(str(so))
+    lib.gqt_hqq_quantize_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_int64, ctypes.POINTER(Params)]
+    lib.gqt_hqq_default_params.argtypes = [ctypes.POINTER(Params)]
+    return lib
+
+
+def test_native_build_matches_known_answers(native_lib):
+    from tests.test_hqq_kat import PARAM_SETS, TARGETS
+
+    from gguftool.quant.hqq import TARGETS as INFO
+    with np.load(KAT) as f:
+        kat = dict(f)
+    x = np.ascontiguousarray(kat["x"])
+    for target in TARGETS:
+        tid, _, _, _ = INFO[target]
+        for pname, prm in PARAM_SETS.items():
+            p = Params()
+            native_lib.gqt_hqq_default_params(ctypes.byref(p))
+            for k, v in prm.items():
+                setattr(p, k, v)
+            want = kat[f"{target}/{pname}"]
+            out = np.zeros_like(want)
+            rc = native_lib.gqt_hqq_quantize_rows(tid, x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1],
+                                                  ctypes.byref(p))
+            assert rc == 0
+            assert np.array_equal(out, want), f"{target} {pname}: native build differs"
