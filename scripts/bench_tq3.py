@@ -73,6 +73,22 @@ def quality(codecs: dict, data: dict) -> dict:
     return res
 
 
+def scale_choice(rng: np.random.Generator, n_blocks: int) -> dict:
+    """Relative MSE on Gaussian blocks for the scale rules considered (numpy reference)."""
+    x = rng.standard_normal((n_blocks, 32)).astype(np.float32)
+    signs = np.array(tq3._NEG, dtype=np.float64) * -2 + 1
+    y = tq3.fwht(x * signs) / np.sqrt(32)
+    norm = np.linalg.norm(y, axis=1, keepdims=True)
+    c = np.array(tq3.CENTROIDS)
+    idx = np.searchsorted(np.array(tq3.BOUNDARIES), y * np.sqrt(32) / norm)
+    paper = (tq3.fwht(c[idx] * norm / np.sqrt(32)) / np.sqrt(32)) * signs   # TurboQuant: ||x|| / sqrt(d)
+    res = {"paper: scale ||y||/sqrt(32)": rel_mse(x, paper)}
+    for p in range(4):
+        name = f"least squares + {p} Lloyd pass{'es' if p != 1 else ''}" + (" (TQ3_0)" if p == tq3.REFINE_PASSES else "")
+        res[name] = rel_mse(x, tq3.dequantize_tq3_ref(tq3.quantize_tq3_ref(x, refine_passes=p)))
+    return res
+
+
 def inner_product(codecs: dict, rng: np.random.Generator, n: int) -> dict:
     res = {}
     for d in (64, 128):
@@ -87,6 +103,12 @@ def inner_product(codecs: dict, rng: np.random.Generator, n: int) -> dict:
             _, quant, deq = codecs[name]
             err = np.abs((q * deq(quant(k))).sum(1) - true)
             res[d][name] = {"mean": float(err.mean()), "p99": float(np.percentile(err, 99))}
+        # score shrink: slope of <q, k_hat> on <q, k> when q is correlated with k (attention-like)
+        qc = k + rng.standard_normal((n, d)).astype(np.float32) / np.sqrt(d)
+        tc = (qc.astype(np.float64) * k).sum(1)
+        for name in ("TQ3_0", "Q4_0", "Q8_0"):
+            _, quant, deq = codecs[name]
+            res[d][name]["score_slope"] = float(np.polyfit(tc, (qc * deq(quant(k))).sum(1), 1)[0])
         # the path llama.cpp takes for K: q converted to Q8_0, then vec_dot
         kq = tq3.quantize_tq3(k)
         dots = tq3.vec_dot_tq3_q8_0(kq, tq3.quantize_q8_0_ref(q.astype(np.float32)))
@@ -175,12 +197,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TQ3_0 on Gaussian blocks: {g:.5f} = {g / DISTORTION:.3f} x Lloyd-Max d=32 ({DISTORTION:.5f}); "
           f"paper: lower {PAPER_LOWER:.5f}, upper {PAPER_UPPER:.5f} (Gaussian Lloyd-Max {GAUSS_LLOYD_MAX})")
 
+    sc = scale_choice(rng, n_blocks // 4)
+    print("\nscale rule, Gaussian 32-blocks (relative MSE)")
+    for name, v in sc.items():
+        print(f"  {name:44s} {v:.5f}  ({v / DISTORTION:.3f} x Lloyd-Max)")
+
     ip = inner_product(codecs, rng, 5_000 if args.quick else 50_000)
     print("\n|<q, k_hat> - <q, k>| for random unit q, k")
     for d, row in ip.items():
         for name, v in row.items():
+            slope = f"  score slope {v['score_slope']:.4f}" if "score_slope" in v else ""
             print(f"  d={d:<4d} {name:24s} mean {v['mean']:.5f}  p99 {v['p99']:.5f}  "
-                  f"(x{v['mean'] / row['Q4_0']['mean']:.2f} Q4_0)")
+                  f"(x{v['mean'] / row['Q4_0']['mean']:.2f} Q4_0){slope}")
 
     ur = upstream_rotation(rng, 4_000 if args.quick else 20_000)
     print("\nK-like head vectors, relative MSE with llama.cpp's Q/K rotation (H_d) in front (numpy simulation)")
@@ -197,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:38s} {v / 1e6:10.1f} M/s   x{v / base:.2f}")
 
     result = {"quality_rel_mse": qual, "inner_product_abs_error": {str(k): v for k, v in ip.items()},
+              "scale_rule_rel_mse": sc,
               "upstream_rotation_rel_mse": {str(k): v for k, v in ur.items()},
               "values_per_second": sp,
               "reference": {"lloyd_max_d32": DISTORTION, "paper_upper_b3": PAPER_UPPER,

@@ -135,8 +135,9 @@ def _ls_scale(z: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
 
 
-def quantize_tq3_ref(x: np.ndarray) -> np.ndarray:
-    """numpy twin of quantize_tq3: identical bytes."""
+def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES) -> np.ndarray:
+    """numpy twin of quantize_tq3: identical bytes. `refine_passes` exists to measure the design
+    choice (scripts/bench_tq3.py); only the default matches the C kernel and the format's intent."""
     x = _rows_f32(x)
     if not np.isfinite(x).all():
         raise _nonfinite_error(x)
@@ -148,7 +149,7 @@ def quantize_tq3_ref(x: np.ndarray) -> np.ndarray:
     nz = n2 != 0
     idx = _pick(z, np.sqrt(n2 / QK))
     d = _ls_scale(z, idx)
-    for _ in range(REFINE_PASSES):
+    for _ in range(refine_passes):
         s = d.view(np.float16).astype(np.float64)
         active = s > 0
         idx = np.where(active[:, None], _pick(z, s * _SQRT32), idx)
