@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 FAST = Path("gguftool/_fast")
 extensions = [
@@ -20,4 +20,13 @@ extensions = [
     )
     for pyx in sorted(FAST.glob("_*.pyx"))
 ]
-setup(ext_modules=cythonize(extensions, language_level=3))
+setup(
+    ext_modules=cythonize(extensions, language_level=3),
+    # recipes/*.toml live at the top of the repository and install as the package gguftool.recipes
+    packages=[*find_packages(include=["gguftool", "gguftool.*"]), "gguftool.recipes"],
+    package_dir={"gguftool.recipes": "recipes"},
+    package_data={
+        "gguftool": ["_fast/*.h", "_fast/*.c", "_fast/*.pyx", "native/patches/*", "data/*"],
+        "gguftool.recipes": ["*.toml"],
+    },
+)

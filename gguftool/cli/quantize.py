@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import GgufToolError
 from ..io.reader import GGUFFile
 from ..io.writer import check_output_path
 from ..pipeline import plan as planning
@@ -18,6 +19,8 @@ EXAMPLES = """examples:
   gguftool quantize in.gguf out.gguf Q4_1 --solver hqq          # HQQ-solved Q4_1: runs on stock llama.cpp
   gguftool quantize in.gguf out.gguf Q4_HQQ --tensor-type 'attn_v=Q8_0' --output-tensor-type F16
   gguftool quantize in.gguf out.gguf TQ3_0 --dry-run            # print the plan and size, write nothing
+  gguftool quantize in.gguf out.gguf --recipe phone-small        # a named plan (gguftool recipes list)
+  gguftool quantize in.gguf out.gguf --recipe phone-small --target-bpw 4.5 --dry-run
 
 types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 (bit-identical to llama.cpp's reference quantizers),
        Q4_HQQ (5.0 bpw) Q4_HQQ_128 (4.25 bpw) TQ3_0 (3.5 bpw)
@@ -29,7 +32,11 @@ def add_parser(sub) -> None:
                        epilog=EXAMPLES, formatter_class=formatter)
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
-    p.add_argument("type", help="target type for the weight tensors")
+    p.add_argument("type", nargs="?", help="target type for the weight tensors (default: the recipe's)")
+    p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
+    p.add_argument("--target-bpw", type=float, metavar="X",
+                   help="choose per-tensor types from the recipe's allowed set to meet X bits per weight")
+    p.add_argument("--target-size", metavar="SIZE", help="like --target-bpw, for a file size such as 1.0GB")
     p.add_argument("--allow-requantize", action="store_true", help="allow input tensors that are already quantized")
     p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
                    help="type for tensors whose name matches REGEX (repeatable, first match wins)")
@@ -59,10 +66,13 @@ def solver_params(args) -> dict:
     return params
 
 
-def run(args) -> int:
-    src = GGUFFile(args.input)
+def make_options(args) -> tuple[planning.Options, "Recipe | None"]:
+    from ..pipeline.recipe import load
+    recipe = load(args.recipe) if args.recipe else None
+    if not args.type and recipe is None:
+        raise GgufToolError("give a TYPE or a --recipe", hint="e.g. `gguftool quantize in.gguf out.gguf Q4_HQQ`")
     opts = planning.Options(
-        target=args.type.upper(),
+        target=args.type.upper() if args.type else "",
         allow_requantize=args.allow_requantize,
         tensor_types=[planning.parse_tensor_type(s) for s in args.tensor_type],
         output_tensor_type=args.output_tensor_type,
@@ -70,16 +80,42 @@ def run(args) -> int:
         pure=args.pure,
         leave_output_tensor=args.leave_output_tensor,
     )
+    return (recipe.options(opts) if recipe else opts), recipe
+
+
+def budget_bytes(args, plan: planning.Plan) -> int | None:
+    if args.target_bpw is not None and args.target_size is not None:
+        raise GgufToolError("give --target-bpw or --target-size, not both")
+    if args.target_bpw is not None:
+        return int(args.target_bpw * plan.n_params / 8)
+    if args.target_size is not None:
+        from ..pipeline.kvplan import parse_size
+        return parse_size(args.target_size)
+    return None
+
+
+def run(args) -> int:
+    src = GGUFFile(args.input)
+    opts, recipe = make_options(args)
     plan = planning.make_plan(src, opts)
+    for rule in planning.unused_rules(plan, opts):
+        print(f"warning: {rule.origin}: pattern {rule.pattern.pattern!r} matches no tensor", file=sys.stderr)
+    params = {**(recipe.solver if recipe else {}), **solver_params(args)}
+    budget = budget_bytes(args, plan)
+    if budget is not None:
+        from ..pipeline.budget import fit
+        allowed = recipe.allowed if recipe and recipe.allowed else [opts.target]
+        plan = fit(src, plan, allowed, budget, params)
     if args.dry_run:
         print_plan(plan, args.format)
         return 0
     check_output_path(args.output, [args.input])
     for note in plan.notes:
         print(f"note: {note}", file=sys.stderr)
-    params = solver_params(args)
-    run_quantize(src, plan, args.output, target=opts.target, threads=args.threads, params=params,
-                 record={"quantize.params": json.dumps(params, sort_keys=True)} if params else None)
+    record = {"quantize.params": json.dumps(params, sort_keys=True)} if params else {}
+    if recipe:
+        record.update({"recipe.name": recipe.name, "recipe.toml": recipe.text})
+    run_quantize(src, plan, args.output, target=opts.target, threads=args.threads, params=params, record=record)
     print(f"{args.output}: {plan.out_bytes / 2**20:.1f} MiB, {8 * plan.out_bytes / plan.n_params:.3f} bpw "
           f"(from {plan.in_bytes / 2**20:.1f} MiB)")
     return 0

@@ -24,11 +24,20 @@ KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "po
 FALLBACK = {"Q4_HQQ_128": "Q4_HQQ", "Q4_HQQ": "Q4_1"}
 
 
+@dataclass(frozen=True)
+class Rule:
+    """`pattern -> type (+ solver parameters)`; the first rule whose regex matches a tensor name wins."""
+    pattern: re.Pattern[str]
+    type: str
+    params: dict = field(default_factory=dict)
+    origin: str = "--tensor-type"
+
+
 @dataclass
 class Options:
     target: str
     allow_requantize: bool = False
-    tensor_types: list[tuple[re.Pattern[str], str]] = field(default_factory=list)  # first match wins
+    tensor_types: list[Rule] = field(default_factory=list)  # first match wins
     output_tensor_type: str | None = None
     token_embedding_type: str | None = None
     pure: bool = False
@@ -41,6 +50,9 @@ class Step:
     out_type: TensorType
     action: str          # "copy" (bytes unchanged) or "quantize"
     note: str = ""
+    params: dict = field(default_factory=dict)  # solver parameters from the rule that chose the type
+    chosen_by: str = ""                          # the rule's pattern, when a rule chose the type
+    quantizable: bool = True                     # False: norms, 1-D and excluded tensors, always copied
 
     @property
     def out_bytes(self) -> int:
@@ -68,14 +80,22 @@ class Plan:
         return [f"{s.tensor.name}: {s.note}" for s in self.steps if s.note]
 
 
-def parse_tensor_type(spec: str) -> tuple[re.Pattern[str], str]:
+def parse_tensor_type(spec: str) -> Rule:
     pattern, sep, tname = spec.rpartition("=")
     if not sep or not pattern:
         raise GgufToolError(f"--tensor-type {spec!r}: expected REGEX=TYPE", hint="e.g. --tensor-type 'attn_v=Q8_0'")
+    return make_rule(pattern, tname, {}, f"--tensor-type {spec}")
+
+
+def make_rule(pattern: str, tname: str, params: dict, origin: str) -> Rule:
     try:
-        return re.compile(pattern), _producible(tname).name
+        rx = re.compile(pattern)
     except re.error as e:
-        raise GgufToolError(f"--tensor-type {spec!r}: bad regular expression: {e}") from None
+        raise GgufToolError(f"{origin}: bad regular expression {pattern!r}: {e}") from None
+    try:
+        return Rule(rx, _producible(tname).name, dict(params), origin)
+    except GgufToolError as e:
+        raise GgufToolError(f"{origin}: {e.message}", e.hint) from None
 
 
 def _producible(name: str):
@@ -100,42 +120,49 @@ def make_plan(src: GGUFFile, opts: Options) -> Plan:
     has_output = OUTPUT in src
     steps = []
     for t in src.tensors:
-        tname, note = _choose(t, opts, has_output)
+        tname, note, rule = _choose(t, opts, has_output)
         if tname is None:
-            steps.append(Step(t, t.type, "copy"))
+            steps.append(Step(t, t.type, "copy", quantizable=False))
             continue
+        params, chosen_by = (rule.params, rule.pattern.pattern) if rule else ({}, "")
         tname, fit_note = _fit(tname, t.n_per_row)
         out = tensor_type(codec(tname).id)
         if out.id == t.type.id:
-            steps.append(Step(t, out, "copy", note))
+            steps.append(Step(t, out, "copy", note, chosen_by=chosen_by))
             continue
         if t.type.quantized and not opts.allow_requantize:
             raise GgufToolError(f"{src.path}: tensor {t.name!r} is already quantized ({t.type.name})",
                                 hint="pass --allow-requantize to requantize it (quality is lost twice)")
         if codec(t.type.name).dequantize is None:
             raise GgufToolError(f"{src.path}: tensor {t.name!r} has type {t.type.name}, which gguftool cannot dequantize")
-        steps.append(Step(t, out, "quantize", "; ".join(n for n in (note, fit_note) if n)))
+        steps.append(Step(t, out, "quantize", "; ".join(n for n in (note, fit_note) if n), params, chosen_by))
     return Plan(steps)
 
 
-def _choose(t: Tensor, opts: Options, has_output: bool) -> tuple[str | None, str]:
-    """Target type name for one tensor, or None to keep it as it is."""
+def unused_rules(plan: Plan, opts: Options) -> list[Rule]:
+    """Rules that chose no tensor: a typo in a pattern should not pass silently."""
+    used = {s.chosen_by for s in plan.steps}
+    return [r for r in opts.tensor_types if r.pattern.pattern not in used]
+
+
+def _choose(t: Tensor, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
+    """Target type name for one tensor (None: keep it as it is), a note, and the rule that chose it."""
     name = t.name
     if len(t.shape) < 2 or not name.endswith(".weight"):
-        return None, ""
-    for pattern, tname in opts.tensor_types:
-        if pattern.search(name):
-            return tname, f"--tensor-type {pattern.pattern}"
+        return None, "", None
+    for rule in opts.tensor_types:
+        if rule.pattern.search(name):
+            return rule.type, f"{rule.origin}", rule
     if any(p in name for p in KEEP_PATTERNS):
-        return None, ""
+        return None, "", None
     is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
     if name == OUTPUT and opts.leave_output_tensor:
-        return None, ""
+        return None, "", None
     if is_output and opts.output_tensor_type:
-        return _producible(opts.output_tensor_type).name, ""
+        return _producible(opts.output_tensor_type).name, "", None
     if name == TOKEN_EMBD and opts.token_embedding_type:
-        return _producible(opts.token_embedding_type).name, ""
+        return _producible(opts.token_embedding_type).name, "", None
     if is_output and not opts.pure:
         hp = HIGH_PRECISION if codec(opts.target).bpw < codec(HIGH_PRECISION).bpw else opts.target
-        return hp, ("output tensor kept at higher precision" if hp != opts.target else "")
-    return opts.target, ""
+        return hp, ("output tensor kept at higher precision" if hp != opts.target else ""), None
+    return opts.target, "", None

@@ -71,6 +71,6 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
                 w.write(t.raw_rows())
                 pb.update(t.n_bytes)
             else:
-                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, params, pb))
+                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, {**params, **s.params}, pb))
             src.release(t)
         w.commit()

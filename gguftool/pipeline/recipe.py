@@ -1,0 +1,148 @@
+"""Recipes: named, declarative quantization plans in TOML (recipes/*.toml, or any file).
+
+    name = "phone-small"
+    description = "..."
+    type = "Q4_HQQ"                    # default type of the weight tensors
+    output_type = "Q8_0"               # optional: output.weight (or a tied token_embd)
+    token_embedding_type = "Q8_0"      # optional
+    pure = false                       # optional: no default mixing
+    allowed = ["Q4_HQQ_128", "Q4_HQQ"] # optional: types --target-bpw/--target-size may choose from
+    [solver]                           # optional: HQQ parameters for every tensor
+    iters = 20
+    [[rules]]                          # ordered, first match wins
+    pattern = "attn_v|ffn_down"
+    type = "Q5_1"
+    solver = { solver = "hqq" }        # optional: parameters for this rule's tensors
+    [kv]                               # the KV-cache types to validate with
+    k = "q4_hqq"
+    v = "tq3_0"
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import GgufToolError
+from ..quant import codec
+from .plan import Options, Rule, make_rule
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # source checkout
+TOP_KEYS = {"name", "description", "type", "output_type", "token_embedding_type", "pure", "allowed", "solver",
+            "rules", "kv"}
+RULE_KEYS = {"pattern", "type", "solver"}
+KV_KEYS = {"k", "v"}
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str
+    type: str
+    path: Path
+    text: str
+    output_type: str | None = None
+    token_embedding_type: str | None = None
+    pure: bool = False
+    allowed: list[str] = field(default_factory=list)
+    solver: dict = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)
+    kv: dict[str, str] = field(default_factory=dict)
+
+    def options(self, base: Options) -> Options:
+        """CLI options first (they override), then the recipe's."""
+        base.target = base.target or self.type
+        base.tensor_types = [*base.tensor_types, *self.rules]
+        base.output_tensor_type = base.output_tensor_type or self.output_type
+        base.token_embedding_type = base.token_embedding_type or self.token_embedding_type
+        base.pure = base.pure or self.pure
+        return base
+
+
+def recipe_dirs() -> list[Path]:
+    dirs = [RECIPE_DIR]
+    try:
+        from importlib.resources import files
+        dirs.append(Path(str(files("gguftool.recipes"))))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return [d for d in dirs if d.is_dir()]
+
+
+def available() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in recipe_dirs():
+        for p in sorted(d.glob("*.toml")):
+            found.setdefault(p.stem, p)
+    return found
+
+
+def load(name_or_path: str) -> Recipe:
+    p = Path(name_or_path)
+    if not (p.suffix == ".toml" or p.exists()):
+        known = available()
+        if name_or_path not in known:
+            raise GgufToolError(f"no recipe named {name_or_path!r}", hint="known: " + ", ".join(sorted(known)))
+        p = known[name_or_path]
+    if not p.is_file():
+        raise GgufToolError(f"{p}: no such recipe file")
+    text = p.read_text(encoding="utf-8")
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise GgufToolError(f"{p}: not valid TOML: {e}") from None
+    return parse(d, p, text)
+
+
+def _check_keys(where: str, d: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise GgufToolError(f"{where}: unknown key(s) {unknown}", hint="known: " + ", ".join(sorted(allowed)))
+
+
+def _type(where: str, name: object) -> str:
+    if not isinstance(name, str):
+        raise GgufToolError(f"{where}: a type must be a string, got {name!r}")
+    try:
+        c = codec(name)
+    except GgufToolError as e:
+        raise GgufToolError(f"{where}: {e.message}", e.hint) from None
+    if c.quantize is None:
+        raise GgufToolError(f"{where}: gguftool cannot produce {c.name}")
+    return c.name
+
+
+def parse(d: dict, path: Path, text: str = "") -> Recipe:
+    where = str(path)
+    _check_keys(where, d, TOP_KEYS)
+    if "type" not in d:
+        raise GgufToolError(f"{where}: missing `type` (the default type of the weights)")
+    rules = []
+    for i, r in enumerate(d.get("rules", [])):
+        rw = f"{where}: rules[{i}]"
+        if not isinstance(r, dict):
+            raise GgufToolError(f"{rw}: expected a table with pattern and type")
+        _check_keys(rw, r, RULE_KEYS)
+        if "pattern" not in r or "type" not in r:
+            raise GgufToolError(f"{rw}: needs both `pattern` and `type`")
+        rules.append(make_rule(r["pattern"], _type(rw, r["type"]), r.get("solver", {}),
+                               f"{rw} ({r['pattern']!r})"))
+    kv = d.get("kv", {})
+    _check_keys(f"{where}: [kv]", kv, KV_KEYS)
+    for side, t in kv.items():
+        _type(f"{where}: [kv] {side}", t)
+    return Recipe(
+        name=str(d.get("name", path.stem)), description=str(d.get("description", "")), type=_type(where, d["type"]),
+        path=path, text=text,
+        output_type=_type(f"{where}: output_type", d["output_type"]) if "output_type" in d else None,
+        token_embedding_type=(_type(f"{where}: token_embedding_type", d["token_embedding_type"])
+                              if "token_embedding_type" in d else None),
+        pure=bool(d.get("pure", False)),
+        allowed=[_type(f"{where}: allowed", t) for t in d.get("allowed", [])],
+        solver=dict(d.get("solver", {})), rules=rules, kv={k: str(v).lower() for k, v in kv.items()},
+    )
