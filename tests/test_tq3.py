@@ -306,23 +306,36 @@ int main(int argc, char ** argv) {
 """
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-def test_native_flags_give_the_same_results(tmp_path):
-    """What llama.cpp's build does to the file (-O3 -march=native, contraction allowed by default)
-    must not change a bit: the kernel forbids FMA contraction itself."""
+_TOOLCHAINS = {
+    # what llama.cpp's x86 build does to the file: -O3 -march=native, contraction allowed
+    "x86-native": (["gcc", "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11"], []),
+    # a phone build: arm64 with FMA in every pipe (GCC contracts by default there), run under qemu
+    "arm64": (["aarch64-linux-gnu-gcc", "-O3", "-march=armv8.2-a+dotprod", "-ffp-contract=fast", "-std=gnu11",
+               "-static"], ["qemu-aarch64"]),
+}
+
+
+@pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
+def test_native_flags_give_the_same_results(tmp_path, toolchain):
+    """Compiled as llama.cpp compiles it, the file must not change a bit: it forbids FMA
+    contraction itself, and its float work does not depend on the target."""
+    cc, runner = _TOOLCHAINS[toolchain]
+    missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
     src = tmp_path / "h.c"
     src.write_text(_HARNESS)
     exe = tmp_path / "h"
     fast = ROOT / "gguftool" / "_fast"
-    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", f"-I{fast}", str(src),
-                        str(fast / "gqt_tq3.c"), "-lm", "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / "gqt_tq3.c"), "-lm", "-o", str(exe)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     xs = [v for v in _inputs().values() if v.shape[1] % 32 == 0]
     rng = np.random.default_rng(8)
     for x in xs:
         y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))
-        out = subprocess.run([str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
-                             capture_output=True, check=True).stdout
+        out = subprocess.run([*runner, str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
+                             capture_output=True, check=True, timeout=120).stdout
         nq = x.size // 32 * 14
         q = np.frombuffer(out[:nq], np.uint8).reshape(x.shape[0], -1)
         assert_same_bytes(q, tq3.quantize_tq3_ref(x), x)
