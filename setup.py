@@ -26,7 +26,7 @@ setup(
     packages=[*find_packages(include=["gguftool", "gguftool.*"]), "gguftool.recipes"],
     package_dir={"gguftool.recipes": "recipes"},
     package_data={
-        "gguftool": ["_fast/*.h", "_fast/*.c", "_fast/*.pyx", "native/patches/*", "data/*"],
+        "gguftool": ["_fast/*.h", "_fast/gqt_*.c", "_fast/*.pyx", "native/patches/*", "data/*"],
         "gguftool.recipes": ["*.toml"],
     },
 )
