@@ -309,6 +309,10 @@ int main(int argc, char ** argv) {
 _TOOLCHAINS = {
     # what llama.cpp's x86 build does to the file: -O3 -march=native, contraction allowed
     "x86-native": (["gcc", "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11"], []),
+    # clang (Android NDK, macOS): its default -ffp-contract=on obeys the file's STDC pragma
+    # (clang's -ffp-contract=fast would ignore every pragma: the native build must not pass it)
+    "clang-native": ([next((c for c in ("clang", *(f"clang-{v}" for v in range(14, 21))) if shutil.which(c)), "clang"),
+                      "-O3", "-march=native", "-std=gnu11"], []),
     # a phone build: arm64 with FMA in every pipe (GCC contracts by default there), run under qemu
     "arm64": (["aarch64-linux-gnu-gcc", "-O3", "-march=armv8.2-a+dotprod", "-ffp-contract=fast", "-std=gnu11",
                "-static"], ["qemu-aarch64"]),
