@@ -54,11 +54,14 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
         params: dict[str, Any] | None = None, record: dict[str, str] | None = None) -> None:
     params = params or {}
     w = StreamingWriter(out_path, src.architecture)
-    w.copy_metadata(src)
+    if hasattr(src, "write_metadata"):
+        src.write_metadata(w)  # a converted checkpoint (gguftool.convert.HFModel) writes its own header
+    else:
+        w.copy_metadata(src)
     ftype = getattr(LlamaFileType, f"MOSTLY_{target}", None) or (LlamaFileType.ALL_F32 if target == "F32" else None)
     if ftype is not None:
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
-    elif "general.file_type" in src.fields:
+    elif "general.file_type" in getattr(src, "fields", {}):
         w._w.kv_data[0].pop("general.file_type", None)  # no llama_ftype for our types: let llama.cpp guess
     w.add_tool_record({"quantize.target": target, **(record or {})})
     for s in plan.steps:
