@@ -1,0 +1,122 @@
+"""Read the numbers out of llama.cpp's tools: perplexity, KL divergence, llama-bench JSON, timings, peak RSS.
+
+The formats are the pinned llama.cpp's (tools/perplexity/perplexity.cpp, tools/llama-bench,
+common/sampling.cpp) plus the two `time -v` dialects a run meets: GNU time on Linux hosts and
+toybox `time -v` on Android. Every parser returns None / raises MetricsError instead of guessing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ..errors import GgufToolError
+
+_NUM = r"([-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|nan|-?inf))"
+_PM = r"\s*(?:±|\+/-)\s*"
+
+PPL_RE = re.compile(r"Final estimate: PPL = " + _NUM + r" \+/- " + _NUM)
+KLD_FIELDS = {
+    # key: (regex, groups) - lines of perplexity.cpp's kl_divergence() summary
+    "ppl": (r"Mean PPL\(Q\)\s*:\s*" + _NUM + _PM + _NUM, ("ppl", "ppl_err")),
+    "ppl_base": (r"Mean PPL\(base\)\s*:\s*" + _NUM + _PM + _NUM, ("ppl_base", "ppl_base_err")),
+    "ln_ratio": (r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*" + _NUM + _PM + _NUM, ("ln_ppl_ratio", "ln_ppl_ratio_err")),
+    "kld": (r"Mean\s+KLD:\s*" + _NUM + _PM + _NUM, ("kld", "kld_err")),
+    "kld_max": (r"Maximum KLD:\s*" + _NUM, ("kld_max",)),
+    "kld_99": (r"99\.0%\s+KLD:\s*" + _NUM, ("kld_p99",)),
+    "kld_med": (r"Median\s+KLD:\s*" + _NUM, ("kld_median",)),
+    "rms_dp": (r"RMS Δp\s*:\s*" + _NUM + _PM + _NUM + r"\s*%", ("rms_dp_pct", "rms_dp_pct_err")),
+    "top": (r"Same top p:\s*" + _NUM + _PM + _NUM + r"\s*%", ("same_top_p_pct", "same_top_p_pct_err")),
+}
+GNU_RSS_RE = re.compile(r"Maximum resident set size \(kbytes\):\s*(\d+)")
+TOYBOX_RSS_RE = re.compile(r"Max RSS \(KiB\):\s*(\d+)")
+PERF_RE = re.compile(r"(prompt eval|eval) time =\s*" + _NUM + r" ms /\s*(\d+) (?:tokens|runs)\s*\(\s*" + _NUM
+                     + r" ms per token,\s*" + _NUM + r" tokens per second\)")
+
+
+class MetricsError(GgufToolError):
+    """A tool ran but its output lacks the numbers we need (crash, wrong flags, too little text)."""
+
+
+def _f(s: str) -> float:
+    return float(s)  # float() already reads nan / inf / -inf
+
+
+def error_lines(log: str, limit: int = 6) -> list[str]:
+    """The lines a user needs when a run failed: llama.cpp's error / abort lines, else the tail."""
+    keep = [l.strip() for l in log.splitlines()
+            if re.search(r"error|failed|abort|unsupported|GGML_ASSERT|Segmentation|not enough|too few", l, re.I)]
+    return (keep or [l.strip() for l in log.splitlines() if l.strip()])[-limit:]
+
+
+def parse_ppl(log: str) -> dict | None:
+    """llama-perplexity's final estimate: {'ppl', 'ppl_err'} or None."""
+    m = PPL_RE.search(log)
+    return {"ppl": _f(m.group(1)), "ppl_err": _f(m.group(2))} if m else None
+
+
+def parse_kld(log: str) -> dict | None:
+    """llama-perplexity --kl-divergence summary, or None when the summary is absent.
+    Percent fields stay in percent (as printed); KLD in nats."""
+    out: dict[str, float] = {}
+    for rx, names in KLD_FIELDS.values():
+        m = re.search(rx, log)
+        if m:
+            out.update({n: _f(g) for n, g in zip(names, m.groups())})
+    return out if "kld" in out else None
+
+
+def parse_peak_rss_kib(log: str) -> int | None:
+    """Peak resident set (KiB) from GNU `time -v` or toybox `time -v` output; the last one wins."""
+    hits = GNU_RSS_RE.findall(log) or TOYBOX_RSS_RE.findall(log)
+    return int(hits[-1]) if hits else None
+
+
+def strip_time_v(log: str) -> str:
+    """The tool's own stderr without the `time -v` block appended after it."""
+    i = log.rfind("\tCommand being timed:")
+    if i >= 0:
+        return log[:i]
+    lines = log.splitlines(keepends=True)
+    j = next((n for n, l in enumerate(lines) if l.startswith("real") or l.startswith("Real time (s):")), None)
+    return "".join(lines[:j]) if j is not None and TOYBOX_RSS_RE.search(log) else log
+
+
+def parse_perf(log: str) -> dict:
+    """Timings llama-completion prints at exit: prompt and generation tokens/s (and counts)."""
+    out: dict[str, float] = {}
+    for m in PERF_RE.finditer(log):
+        key = "prompt" if m.group(1) == "prompt eval" else "gen"
+        out[f"{key}_ms"] = _f(m.group(2))
+        out[f"{key}_tokens"] = int(m.group(3))
+        out[f"{key}_tps"] = _f(m.group(5))
+    return out
+
+
+def parse_bench(text: str) -> list[dict]:
+    """llama-bench `-o json`: one dict per test with the fields the report uses.
+    Raises MetricsError when the text holds no JSON array (llama-bench failed before printing)."""
+    i, j = text.find("["), text.rfind("]")
+    try:
+        rows = json.loads(text[i:j + 1]) if i >= 0 and j > i else None
+    except ValueError:
+        rows = None
+    if not isinstance(rows, list):
+        raise MetricsError("llama-bench printed no JSON results", "; ".join(error_lines(text)) or None)
+    out = []
+    for r in rows:
+        n_p, n_g = int(r.get("n_prompt", 0)), int(r.get("n_gen", 0))
+        out.append({
+            "test": f"pp{n_p}" if n_g == 0 else (f"tg{n_g}" if n_p == 0 else f"pp{n_p}+tg{n_g}"),
+            "type_k": r.get("type_k"), "type_v": r.get("type_v"), "n_threads": r.get("n_threads"),
+            "flash_attn": r.get("flash_attn"), "n_prompt": n_p, "n_gen": n_g,
+            "avg_ts": float(r["avg_ts"]), "stddev_ts": float(r.get("stddev_ts", 0.0)),
+            "samples_ts": [float(x) for x in r.get("samples_ts", [])],
+            "samples_ns": [int(x) for x in r.get("samples_ns", [])],
+            "model_size": r.get("model_size"), "build_commit": r.get("build_commit"),
+        })
+    return out
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

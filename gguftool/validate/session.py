@@ -1,0 +1,278 @@
+"""One validation run: the plan of tool invocations on a target and the record it produces.
+
+Every number in the record comes from a llama.cpp tool run on the target; the record keeps the
+exact command line of each run so a reviewer can repeat any of them by hand.
+
+    ref  llama-perplexity -f TEXT ... -ctk f16 -ctv f16 --kl-divergence-base ref.kld     (PPL of f16)
+    each llama-perplexity --kl-divergence-base ref.kld --kl-divergence -ctk K -ctv V      (PPL, KLD)
+    each llama-bench -p P -n N -r R -fa 1 -ctk K -ctv V -o json                          (pp / tg t/s)
+    each llama-completion -p PROMPT -n G --seed S --temp 0 -ctk K -ctv V -no-cnv          (sample)
+    --sustained: llama-bench -p 0 -n N repeated for SECONDS per configuration            (t/s over time)
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import GgufToolError
+from . import isolate as iso
+from . import metrics
+from .runners import RunResult, Runner, sha256_file
+
+CACHE_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_hqq", "q4_hqq_128", "tq3_0")
+DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q4_hqq/q4_hqq", "tq3_0/tq3_0")
+DEFAULT_PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
+TOOLS = ("llama-perplexity", "llama-bench", "llama-completion")
+
+
+def default_text() -> Path:
+    return Path(__file__).resolve().parent.parent / "data" / "pride_and_prejudice.txt"
+
+
+def parse_kv(spec: str) -> tuple[str, str]:
+    """'q4_hqq/tq3_0' -> ('q4_hqq', 'tq3_0'); 'q8_0' -> ('q8_0', 'q8_0')."""
+    k, _, v = spec.strip().lower().partition("/")
+    v = v or k
+    for t in (k, v):
+        if t not in CACHE_TYPES:
+            raise GgufToolError(f"unknown KV cache type {t!r} in --kv {spec}", f"choose from {', '.join(CACHE_TYPES)}")
+    return k, v
+
+
+@dataclass
+class Settings:
+    ctx: int = 512
+    chunks: int = 8
+    threads: int = 2
+    bench_p: int = 64
+    bench_n: int = 16
+    bench_reps: int = 3
+    gen_tokens: int = 32
+    seed: int = 42
+    prompt: str = DEFAULT_PROMPT
+    rotation: bool = True     # upstream's Q/K/V Hadamard rotation (LLAMA_ATTN_ROT_DISABLE=1 turns it off)
+    bench: bool = True
+    sample: bool = True
+    sustained_s: float = 0.0
+    sustained_n: int = 32
+    timeout_s: float = 3600.0
+    extra: dict = field(default_factory=dict)
+
+    def env(self) -> dict:
+        return {} if self.rotation else {"LLAMA_ATTN_ROT_DISABLE": "1"}
+
+
+def _ppl_args(s: Settings, model: str) -> list[str]:
+    # -b = -c: one sequence per batch, the layout llama-perplexity's KL mode also uses
+    return ["-m", model, "-c", str(s.ctx), "-b", str(s.ctx), "-t", str(s.threads), "-fa", "on"]
+
+
+def _kv_args(k: str, v: str) -> list[str]:
+    return ["-ctk", k, "-ctv", v]
+
+
+class Validation:
+    def __init__(self, runner: Runner, model: Path, text: Path, settings: Settings, log=print):
+        self.r = runner
+        self.model = Path(model)
+        self.text = Path(text)
+        self.s = settings
+        self.log = log
+        self.runs: list[dict] = []
+        if not self.model.is_file():
+            raise GgufToolError(f"{self.model}: no such model file")
+        if not self.text.is_file():
+            raise GgufToolError(f"{self.text}: no such text file")
+
+    # -- helpers
+    def _run(self, tool: str, args: list[str], tag: str) -> RunResult:
+        res = self.r.run(tool, args, env=self.s.env(), tag=tag, timeout=self.s.timeout_s)
+        self.runs.append({"tag": tag, "command": res.command(), "rc": res.rc, "seconds": round(res.seconds, 2),
+                          "peak_rss_kib": res.peak_rss_kib})
+        return res
+
+    def _fail(self, what: str, res: RunResult) -> str:
+        lines = metrics.error_lines(res.log)
+        return f"{what} exited {res.rc}: " + " | ".join(lines)
+
+    # -- steps
+    def setup(self) -> None:
+        self.log(f"[{self.r.name}] preparing tools ...")
+        self.r.prepare(list(TOOLS))
+        self.model_t = self.r.push(self.model)
+        self.text_t = self.r.push(self.text)
+        self.kld_t = self.r.path("reference-f16.kld")
+
+    def reference(self) -> dict:
+        s = self.s
+        self.log(f"[{self.r.name}] reference: perplexity with f16 K/V, {s.chunks} x {s.ctx} tokens, saving logits")
+        args = [*_ppl_args(s, self.model_t), "-f", self.text_t, "--chunks", str(s.chunks), *_kv_args("f16", "f16"),
+                "--kl-divergence-base", self.kld_t]
+        res = self._run("llama-perplexity", args, "ref-f16")
+        ppl = metrics.parse_ppl(res.log)
+        if res.rc != 0 or ppl is None:
+            raise GgufToolError(self._fail("the f16 reference perplexity run", res),
+                                "a text shorter than 2 x ctx x chunks tokens is a common cause: lower --chunks/--ctx")
+        return {"k": "f16", "v": "f16", "role": "reference", **ppl, "kld": 0.0,
+                "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
+
+    def cell(self, k: str, v: str, role: str = "config") -> dict:
+        s = self.s
+        tag = f"kld-{k}-{v}"
+        args = [*_ppl_args(s, self.model_t), *_kv_args(k, v), "--kl-divergence-base", self.kld_t, "--kl-divergence"]
+        res = self._run("llama-perplexity", args, tag)
+        out = {"k": k, "v": v, "role": role, "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
+        kld = metrics.parse_kld(res.log)
+        if res.rc != 0 or kld is None:
+            out.update(failed=True, error=self._fail("llama-perplexity", res))
+            self.log(f"  K={k:<10} V={v:<10} FAILED: {out['error'][:200]}")
+            return out
+        out.update(kld)
+        self.log(f"  K={k:<10} V={v:<10} PPL {kld['ppl']:9.4f}  KLD {kld['kld']:.5f}  top-1 same "
+                 f"{kld.get('same_top_p_pct', float('nan')):.2f} %")
+        return out
+
+    def bench(self, k: str, v: str) -> dict:
+        s = self.s
+        args = ["-m", self.model_t, "-p", str(s.bench_p), "-n", str(s.bench_n), "-r", str(s.bench_reps),
+                "-t", str(s.threads), "-fa", "1", *_kv_args(k, v), "-o", "json"]
+        res = self._run("llama-bench", args, f"bench-{k}-{v}")
+        try:
+            rows = metrics.parse_bench(res.stdout) if res.rc == 0 else None
+        except metrics.MetricsError:
+            rows = None
+        if not rows:
+            return {"failed": True, "error": self._fail("llama-bench", res), "command": res.command()}
+        out = {"command": res.command(), "peak_rss_kib": res.peak_rss_kib}
+        for r in rows:
+            out["pp" if r["n_gen"] == 0 else "tg"] = r
+        return out
+
+    def sample(self, k: str, v: str) -> dict:
+        s = self.s
+        args = ["-m", self.model_t, "-p", s.prompt, "-n", str(s.gen_tokens), "--seed", str(s.seed), "--temp", "0",
+                "-c", "256", "-t", str(s.threads), "-fa", "on", *_kv_args(k, v), "-no-cnv", "--no-warmup"]
+        res = self._run("llama-completion", args, f"sample-{k}-{v}")
+        if res.rc != 0:
+            return {"failed": True, "error": self._fail("llama-completion", res), "command": res.command()}
+        text = res.stdout
+        i = text.find(s.prompt)
+        gen = text[i + len(s.prompt):] if i >= 0 else text
+        return {"text": gen.strip(), "command": res.command(), **metrics.parse_perf(res.stderr),
+                "peak_rss_kib": res.peak_rss_kib}
+
+    def sustained(self, k: str, v: str) -> dict:
+        s = self.s
+        t0 = time.monotonic()
+        points, n = [], 0
+        args = ["-m", self.model_t, "-p", "0", "-n", str(s.sustained_n), "-r", "3", "-t", str(s.threads),
+                "-fa", "1", *_kv_args(k, v), "-o", "json"]
+        cmd = None
+        while time.monotonic() - t0 < s.sustained_s:
+            start = time.monotonic() - t0
+            n += 1
+            res = self.r.run("llama-bench", args, env=s.env(), tag=f"sustained-{k}-{v}-{n:03d}",
+                             timeout=s.timeout_s)
+            cmd = res.command()
+            if res.rc != 0:
+                return {"failed": True, "error": self._fail("llama-bench", res), "points": points, "command": cmd}
+            for row in metrics.parse_bench(res.stdout):
+                # samples are back to back inside one call; place each at the end of its own sample
+                tt = start
+                for ns, ts in zip(row["samples_ns"], row["samples_ts"]):
+                    tt += ns / 1e9
+                    points.append({"t": round(tt, 3), "tps": ts})
+        tps = [p["tps"] for p in points]
+        out = {"k": k, "v": v, "seconds": s.sustained_s, "calls": n, "points": points, "command": cmd}
+        if len(tps) >= 4:
+            q = max(1, len(tps) // 4)
+            first, last = sum(tps[:q]) / q, sum(tps[-q:]) / q
+            out.update(first_quarter_tps=first, last_quarter_tps=last, retained=last / first)
+        return out
+
+
+def file_info(p: Path) -> dict:
+    return {"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+
+
+def kv_columns(model: Path, k: str, v: str, ctx: int) -> dict:
+    """Bits per cached value and KV memory from the model's own metadata (gguftool kv-plan)."""
+    from ..io.reader import GGUFFile
+    from ..pipeline.kvplan import Shape, bytes_per_token
+    from ..quant import codec
+    try:
+        shape = Shape.from_gguf(GGUFFile(str(model)))
+        bpt = bytes_per_token(shape, k, v)
+    except (GgufToolError, OSError, ValueError):
+        bpt = None
+        shape = None
+    ck, cv = codec(k), codec(v)
+    if shape:
+        dk, dv = shape.head_dim_k, shape.head_dim_v
+    else:
+        dk = dv = 1
+    bpv = (ck.bpw * dk + cv.bpw * dv) / (dk + dv)
+    return {"bits_per_value": bpv, "kv_bytes_per_token": bpt,
+            "kv_mib_at_ctx": (bpt * ctx / 2**20) if bpt else None}
+
+
+def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, kv: list[tuple[str, str]],
+                   isolate_types: list[str] | None = None, log=print) -> dict:
+    """The whole run; returns the JSON-able record (report.write() turns it into files)."""
+    t_start = time.time()
+    val = Validation(runner, model, text, settings, log)
+    val.setup()
+    ref = val.reference()
+    pairs: list[tuple[str, str, str]] = [("config", k, v) for k, v in kv if (k, v) != ("f16", "f16")]
+    if isolate_types:
+        pairs = [(role, k, v) for role, k, v in iso.cells_for(isolate_types) if role != "reference"] + \
+                [p for p in pairs if (p[1], p[2]) not in {(k, v) for _, k, v in iso.cells_for(isolate_types)}]
+    cells = [ref] + [val.cell(k, v, role) for role, k, v in pairs]
+    for c in cells:
+        c.update(kv_columns(val.model, c["k"], c["v"], settings.ctx))
+    # speed, sample and sustained for the configurations asked for (isolate: the both-sides cells)
+    perf_pairs = list(dict.fromkeys([("f16", "f16")] + [(k, v) for k, v in kv] +
+                                    ([(t, t) for t in isolate_types] if isolate_types else [])))
+    perf = []
+    for k, v in perf_pairs:
+        row = {"k": k, "v": v}
+        if settings.bench:
+            log(f"[{runner.name}] llama-bench K={k} V={v}")
+            row["bench"] = val.bench(k, v)
+        if settings.sample:
+            row["sample"] = val.sample(k, v)
+        if settings.sustained_s > 0:
+            log(f"[{runner.name}] sustained generation {settings.sustained_s:.0f} s, K={k} V={v}")
+            row["sustained"] = val.sustained(k, v)
+        perf.append(row)
+    analysis = iso.analyse(cells) if isolate_types else None
+    rec = {
+        "schema": "gguftool.validate/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "seconds": round(time.time() - t_start, 1),
+        "model": file_info(val.model),
+        "text": file_info(val.text),
+        "target": runner.describe(),
+        "settings": {k: v for k, v in settings.__dict__.items() if k != "extra"},
+        "reference": {"k": "f16", "v": "f16", "ppl": ref["ppl"], "ppl_err": ref["ppl_err"]},
+        "cells": cells,
+        "perf": perf,
+        "isolate": analysis,
+        "runs": val.runs,
+    }
+    if hasattr(runner, "pushed"):
+        rec["pushes"] = runner.pushed
+    failed = [c for c in cells if c.get("failed")]
+    rec["ok"] = not failed and not (analysis and any(f["level"] == "bug" for f in analysis["flags"]))
+    return rec
+
+
+def digest(obj: str) -> str:
+    return hashlib.sha256(obj.encode()).hexdigest()[:12]
+
+
+def finite_or_none(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
