@@ -124,7 +124,7 @@ size_t gqt_quantize_tq3_0(const float * src, void * dst, int64_t nrows, int64_t 
     (void) imatrix;
     const size_t row_size = (size_t) (n_per_row / QK) * sizeof(gqt_block_tq3_0);
     for (int64_t r = 0; r < nrows; ++r)
-        gqt_quantize_row_tq3_0_ref(src + r * n_per_row, (char *) dst + r * row_size, n_per_row);
+        gqt_quantize_row_tq3_0_ref(src + r * n_per_row, (char *) dst + (size_t) r * row_size, n_per_row);
     return (size_t) nrows * row_size;
 }
 
