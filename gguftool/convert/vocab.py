@@ -144,7 +144,7 @@ def write_vocab(kind: str, arch_name: str, model_dir: Path, cfg: dict[str, Any],
     tok = load_tokenizer_json(model_dir)
     if kind == "wpm":
         write_wpm(model_dir, tok, cfg, g)
-        return "bert"
+        return "default"
     if arch_name == "llama":
         tcfg = model_dir / "tokenizer_config.json"
         if tcfg.is_file():

@@ -1,0 +1,71 @@
+"""gguftool hub: download a model repository and convert / requantize it, in one command."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..io import hub as hubio
+from ..io.writer import check_output_path
+from . import formatter
+from .convert import add_quant_args, convert_dir, plan_options
+
+EXAMPLES = """examples:
+  gguftool hub HuggingFaceTB/SmolLM2-135M-Instruct --type Q4_HQQ           # -> SmolLM2-135M-Instruct-Q4_HQQ.gguf
+  gguftool hub Qwen/Qwen2.5-0.5B-Instruct --revision 7ae557604adf67be50417f59c2c2f167def9a775 -o qwen.gguf
+  gguftool hub bartowski/SomeModel-GGUF --gguf-pattern '*Q8_0.gguf' --type Q4_HQQ   # requantize a GGUF repo
+  HF_HUB_OFFLINE=1 gguftool hub HuggingFaceTB/SmolLM2-135M-Instruct --type F16     # from the cache only
+
+Only the files a conversion needs are downloaded (config, tokenizer, safetensors; or one GGUF file), into
+the Hugging Face cache (HF_HOME / HF_HUB_CACHE), pinned to the commit the revision resolves to; that
+commit is recorded in the output (gguftool.source.*). Interrupted downloads resume: run the command again.
+Environment: HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_OFFLINE, HF_HOME.
+"""
+DEFAULT_TYPE = "Q4_HQQ"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("hub", help="download a Hugging Face repo (checkpoint or GGUF) and convert/quantize it",
+                       epilog=EXAMPLES, formatter_class=formatter)
+    p.add_argument("repo_id", metavar="REPO_ID")
+    p.add_argument("--revision", help="branch, tag or commit (default: main)")
+    p.add_argument("--type", default=None, help=f"target type (default {DEFAULT_TYPE}, or the recipe's)")
+    p.add_argument("-o", "--output", type=Path, help="output file (default: ./NAME-TYPE.gguf)")
+    p.add_argument("--gguf-pattern", metavar="GLOB", help="for repos of GGUF files: which file to requantize")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
+    p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
+    add_quant_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.type is None and not args.recipe:
+        args.type = DEFAULT_TYPE
+    label = (args.type or Path(args.recipe).stem).upper() if (args.type or args.recipe) else DEFAULT_TYPE
+    out = args.output or Path(f"{args.repo_id.split('/')[-1]}-{label}.gguf")
+    check_output_path(out, [])
+    snap = hubio.fetch(args.repo_id, args.revision, gguf_pattern=args.gguf_pattern, token=args.token,
+                       offline=True if args.offline else None)
+    print(f"{args.repo_id}@{snap.revision}: commit {snap.commit} in {snap.path}", file=sys.stderr)
+    record = snap.record(hubio.endpoint())
+    if snap.kind == "checkpoint":
+        return convert_dir(snap.path, out, args, record=record, name=args.repo_id.split("/")[-1])
+    return requantize(snap.gguf_file, out, args, record)
+
+
+def requantize(src_path: Path, out: Path, args, record: dict[str, str]) -> int:
+    from ..io.reader import GGUFFile
+    from ..pipeline import plan as planning
+    from ..pipeline.quantize import run as run_quantize
+    from .quantize import print_plan
+    src = GGUFFile(src_path)
+    opts, params, rec = plan_options(args)
+    opts.allow_requantize = True
+    plan = planning.make_plan(src, opts)
+    if args.dry_run:
+        print_plan(plan, args.format)
+        return 0
+    check_output_path(out, [src_path])
+    run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params, record={**rec, **record})
+    print(f"{out}: requantized {src_path.name} -> {opts.target}, {plan.out_bytes / 2**20:.1f} MiB, "
+          f"{8 * plan.out_bytes / plan.n_params:.3f} bpw")
+    return 0

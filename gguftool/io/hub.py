@@ -1,0 +1,210 @@
+"""Download a model repository from the Hugging Face Hub (or a mirror) with huggingface_hub.
+
+Only the files a conversion needs are fetched (allow_patterns). The revision (branch, tag or commit)
+is resolved to a commit first and the download is pinned to that commit, which the caller records
+in the output's metadata. Downloads land in the standard HF cache, so a file finished once is never
+fetched again (an interrupted run resumes with the files it lacks), and huggingface_hub resumes a
+file whose connection breaks with a Range request.
+
+The HF_* variables are read when a download starts (not when huggingface_hub was imported):
+HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_OFFLINE, HF_HOME / HF_HUB_CACHE.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import GgufToolError
+
+# What `convert` reads from a checkpoint repository (the pooling config of sentence-transformers too).
+CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                       "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                       "modules.json", "*_Pooling/config.json", "README.md"]
+# GGUF repositories: without --gguf-pattern, the most precise file is requantized (names as llama.cpp writes them)
+GGUF_PREFERENCE = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0", "Q4_K_M", "Q4_1", "Q4_0")
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    repo_id: str
+    revision: str         # as asked (branch, tag or commit)
+    commit: str           # the commit the files come from
+    path: Path            # local folder holding the files
+    kind: str             # "checkpoint" (safetensors + config.json) or "gguf"
+    gguf_file: Path | None = None
+
+    def record(self, endpoint: str | None = None) -> dict[str, str]:
+        r = {"source.repo": self.repo_id, "source.revision": self.revision, "source.commit": self.commit}
+        if self.gguf_file is not None:
+            r["source.file"] = self.gguf_file.name
+        if endpoint:
+            r["source.endpoint"] = endpoint
+        return r
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def offline_env() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+
+
+@contextlib.contextmanager
+def _progress(show: bool) -> Iterator[None]:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    was_disabled = are_progress_bars_disabled()
+    (enable_progress_bars if show else disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (disable_progress_bars if was_disabled else enable_progress_bars)()
+
+
+def choose_gguf(files: list[str], pattern: str | None, repo_id: str) -> str:
+    ggufs = [f for f in files if f.endswith(".gguf")]
+    if pattern:
+        hits = [f for f in ggufs if fnmatch.fnmatch(f, pattern) or fnmatch.fnmatch(Path(f).name, pattern)]
+        if not hits:
+            raise GgufToolError(f"{repo_id}: no GGUF file matches {pattern!r}",
+                                hint="files: " + ", ".join(ggufs[:12]))
+        if len(hits) > 1:
+            raise GgufToolError(f"{repo_id}: {len(hits)} GGUF files match {pattern!r}: {', '.join(hits[:6])}",
+                                hint="give a more specific --gguf-pattern")
+        return hits[0]
+    ggufs = [f for f in ggufs if "mmproj" not in Path(f).name.lower()]  # vision projectors are not the model
+    if re.search(r"-\d{5}-of-\d{5}\.gguf$", " ".join(ggufs)):
+        ggufs = [f for f in ggufs if not re.search(r"-\d{5}-of-\d{5}\.gguf$", f)] or ggufs
+    for tag in GGUF_PREFERENCE:
+        hits = [f for f in ggufs if re.search(rf"[-._]{tag}\.gguf$", f, re.IGNORECASE)]
+        if len(hits) == 1:
+            return hits[0]
+    if len(ggufs) == 1:
+        return ggufs[0]
+    raise GgufToolError(f"{repo_id}: holds {len(ggufs)} GGUF files and none is clearly the most precise",
+                        hint="pick one with --gguf-pattern, e.g. '*Q8_0.gguf'; files: " + ", ".join(ggufs[:8]))
+
+
+def _kind(files: list[str], repo_id: str) -> str:
+    names = set(files)
+    if "config.json" in names and any(f.endswith(".safetensors") for f in files):
+        return "checkpoint"
+    if any(f.endswith(".gguf") for f in files):
+        return "gguf"
+    raise GgufToolError(f"{repo_id}: holds neither safetensors weights with config.json nor GGUF files",
+                        hint="gguftool converts safetensors checkpoints and requantizes GGUF files")
+
+
+def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None = None, token: str | None = None,
+          offline: bool | None = None, progress: bool | None = None) -> Snapshot:
+    """Download what a conversion of `repo_id` needs; returns where it lies and which commit it is."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+|[\w.-]+", repo_id):
+        raise GgufToolError(f"{repo_id!r} is not a Hub repository id", hint="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+    rev = revision or "main"
+    ep = endpoint()
+    cache = cache_dir()
+    tok = token or os.environ.get("HF_TOKEN") or None
+    offline = offline_env() if offline is None else offline
+    show = sys.stderr.isatty() and not os.environ.get("GGUFTOOL_NO_PROGRESS") if progress is None else progress
+    with _errors(repo_id, rev, ep, offline), _progress(show):
+        if offline:
+            folder = local_snapshot(repo_id, rev, cache)
+            files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+            commit = folder.name
+        else:
+            info = HfApi(endpoint=ep, token=tok).model_info(repo_id, revision=rev)
+            commit = info.sha
+            if not commit:
+                raise GgufToolError(f"{ep}: the repository info of {repo_id} names no commit")
+            files = [s.rfilename for s in (info.siblings or [])]
+        kind = _kind(files, repo_id)
+        chosen = choose_gguf(files, gguf_pattern, repo_id) if kind == "gguf" else None
+        patterns = [chosen] if chosen else CHECKPOINT_PATTERNS
+        if not offline:
+            # pinned to the commit just resolved: a branch moving meanwhile cannot mix two versions
+            folder = Path(snapshot_download(repo_id, revision=commit, cache_dir=cache, allow_patterns=patterns,
+                                            token=tok, endpoint=ep))
+            # remember the branch/tag -> commit too, so offline runs can find it by name
+            if rev != commit:
+                ref = cache / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
+                ref.parent.mkdir(parents=True, exist_ok=True)
+                ref.write_text(commit)
+    if chosen is not None and not (folder / chosen).is_file():
+        raise GgufToolError(f"{repo_id}: {chosen} is not in the local snapshot {folder}",
+                            hint="run again without offline mode to download it")
+    return Snapshot(repo_id, rev, commit, folder, kind, folder / chosen if chosen else None)
+
+
+def local_snapshot(repo_id: str, rev: str, cache: Path) -> Path:
+    """The cached snapshot folder of `rev` (a commit, or a branch/tag the cache has a ref for)."""
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    ref = root / "refs" / rev
+    commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else (ref.read_text().strip() if ref.is_file() else None)
+    folder = root / "snapshots" / commit if commit else None
+    if folder is None or not folder.is_dir():
+        raise GgufToolError(f"{repo_id}@{rev} is not in the local cache ({cache}) and offline mode is on",
+                            hint="run once online (unset HF_HUB_OFFLINE) to fill the cache")
+    return folder
+
+
+@contextlib.contextmanager
+def _errors(repo_id: str, rev: str, ep: str, offline: bool) -> Iterator[None]:
+    """huggingface_hub's exceptions -> one clear GgufToolError each."""
+    from huggingface_hub import errors as hfe
+    try:
+        yield
+    except GgufToolError:
+        raise
+    except hfe.GatedRepoError:
+        raise GgufToolError(f"{repo_id} is gated: accept its licence on the Hub, then use a token",
+                            hint="set HF_TOKEN or pass --token") from None
+    except hfe.RevisionNotFoundError:
+        raise GgufToolError(f"{repo_id}: revision {rev!r} not found on {ep}") from None
+    except hfe.RemoteEntryNotFoundError as e:
+        raise GgufToolError(f"{repo_id}@{rev}: a file the repository lists is missing on {ep} ({_url_file(e)})",
+                            hint="the files fetched so far stay in the cache; retry later or pick another revision") from None
+    except hfe.RepositoryNotFoundError:
+        raise GgufToolError(f"{repo_id}: repository not found on {ep} (or it is private)",
+                            hint="check the id; for a private repo set HF_TOKEN or pass --token") from None
+    except hfe.LocalEntryNotFoundError:
+        if offline:
+            raise GgufToolError(f"{repo_id}@{rev} is not in the local cache ({cache_dir()}) and offline mode is on",
+                                hint="run once online (unset HF_HUB_OFFLINE) to fill the cache") from None
+        raise GgufToolError(f"cannot reach {ep} to download {repo_id}, and it is not cached",
+                            hint="check the network or HF_ENDPOINT") from None
+    except hfe.HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status == 401:
+            raise GgufToolError(f"{ep} refused the token for {repo_id} (401 invalid credentials)",
+                                hint="check HF_TOKEN / --token") from None
+        raise GgufToolError(f"{ep}: HTTP error for {repo_id}: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        if "Consistency check failed" in str(e):
+            raise GgufToolError(f"{repo_id}: a download ended early ({str(e).splitlines()[0]})",
+                                hint="run the command again: finished files are kept") from None
+        raise
+    except Exception as e:  # httpx connection errors, without importing httpx's name here
+        if type(e).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError"):
+            raise GgufToolError(f"cannot download from {ep}: {e}", hint="check the network or HF_ENDPOINT") from None
+        raise
+
+
+def _url_file(e: Exception) -> str:
+    url = str(getattr(getattr(e, "response", None), "url", "") or "")
+    return url.split("/resolve/", 1)[-1].split("/", 1)[-1] if "/resolve/" in url else str(e).splitlines()[0]
