@@ -130,8 +130,9 @@ def test_bad_shapes_rejected():
         tq3.dequantize_tq3(np.zeros((2, 15), np.uint8))
     with pytest.raises(GgufToolError, match="floating-point"):
         tq3.quantize_tq3(np.ones((2, 32), np.int32))
-    out = np.empty((1, 14), np.uint8)
-    assert _tq3.quantize_rows(np.ones((1, 32), np.float32)[:, :32], out) == _tq3.OK
+    with pytest.raises(GgufToolError, match="Q8_0"):
+        tq3.vec_dot_tq3_q8_0(np.zeros((2, 28), np.uint8), np.zeros((2, 34), np.uint8))
+    assert tq3.quantize_tq3(np.ones((0, 64), np.float32)).shape == (0, 28)
 
 
 def test_fwht_is_the_hadamard_matrix():

@@ -94,7 +94,11 @@ def dequantize_tq3(data: np.ndarray) -> np.ndarray:
 
 def vec_dot_tq3_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Row-wise gqt_vec_dot_tq3_0_q8_0: x TQ3_0 rows, y ggml Q8_0 rows of the same length -> float32 [rows]."""
-    x, y = _blocks_u8(x), np.ascontiguousarray(np.asarray(y).view(np.uint8).reshape(len(x), -1))
+    x = _blocks_u8(x)
+    y = np.ascontiguousarray(np.asarray(y).view(np.uint8)).reshape(len(x), -1)
+    if y.shape[1] != x.shape[1] // BLOCK_BYTES * 34:
+        raise GgufToolError(f"vec_dot: {x.shape[1] // BLOCK_BYTES} TQ3_0 blocks per row need "
+                            f"{x.shape[1] // BLOCK_BYTES * 34} bytes of Q8_0 per row, got {y.shape[1]}")
     out = np.empty(x.shape[0], dtype=np.float32)
     _tq3.vec_dot_rows(x, y, out)
     return out
