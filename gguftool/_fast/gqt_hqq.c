@@ -43,7 +43,7 @@ void gqt_hqq_default_params(gqt_hqq_params * p) {
     p->kappa = 1.01f;
     p->iters = 20;
     p->early_stop = 1;
-    p->scale_search = 1;   /* see HQQParams in hqq.py: ~9% lower MSE than plain HQQ for 3x the time */
+    p->scale_search = 1;   /* see HQQParams in hqq.py: ~11% lower MSE than plain HQQ, ~3.5x the time */
 }
 
 static int params_ok(const gqt_hqq_params * p) {
@@ -118,6 +118,41 @@ static float encode(const float * W_f, int G, float qmax, int stock, uint16_t a,
     return sq;
 }
 
+/* Least-squares refit of the stored pair to the chosen codes (x ~ A*q + C), like the inner step of
+ * llama.cpp's make_qkx2_quants; the codes are then chosen again. Kept only while it lowers the
+ * block's squared error `*best`; at most LS_ROUNDS rounds. Sums in float32, left to right. */
+#define LS_ROUNDS 2
+static void ls_refit(const float * x, int G, float qmax, int stock, uint16_t * a, uint16_t * b, uint8_t * q,
+                     float best) {
+    uint8_t qc[128];
+    const float n = (float) G;
+    for (int round = 0; round < LS_ROUNDS; round++) {
+        float sq = 0.0f, sqq = 0.0f, sx = 0.0f, sqx = 0.0f;
+        for (int j = 0; j < G; j++) {
+            const float qj = (float) q[j];
+            sq += qj;
+            sqq += qj * qj;
+            sx += x[j];
+            sqx += qj * x[j];
+        }
+        const float D = n * sqq - sq * sq;
+        if (!(D > 0.0f)) return;
+        const float A = (n * sqx - sq * sx) / D;
+        const float C = (sx - A * sq) / n;
+        const uint16_t na = gqt_fp32_to_fp16(A);
+        const float naf = gqt_fp16_to_fp32(na);
+        if (!(naf > 0.0f) || !isfinite(naf)) return;
+        const uint16_t nb = gqt_fp32_to_fp16(stock ? C : -C / naf);
+        if (!isfinite(gqt_fp16_to_fp32(nb))) return;
+        const float sqe = encode(x, G, qmax, stock, na, nb, qc);
+        if (!(sqe < best)) return;
+        best = sqe;
+        *a = na;
+        *b = nb;
+        memcpy(q, qc, (size_t) G);
+    }
+}
+
 /* One block -> (a, b) fp16 pair and G codes. GQT_OK or GQT_ERR_RANGE. */
 static int solve_block(const float * x, const hqq_target * t, const gqt_hqq_params * p,
                        uint16_t * a, uint16_t * b, uint8_t * q) {
@@ -161,6 +196,7 @@ static int solve_block(const float * x, const hqq_target * t, const gqt_hqq_para
             memcpy(q, qc, (size_t) G);
         }
     }
+    if (p->scale_search > 0) ls_refit(x, G, qmax, t->stock, a, b, q, best);
     return GQT_OK;
 }
 

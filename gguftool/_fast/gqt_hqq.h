@@ -35,7 +35,8 @@ typedef struct {
     float kappa;       /* beta *= kappa each step (1.01; 1.0 = hqq 0.2.8 legacy loop) */
     int iters;         /* proximal steps at most (20; 0 = plain min-max) */
     int early_stop;    /* 1: stop when the block's mean |error| stops falling (hqq's rule) */
-    int scale_search;  /* 0: plain HQQ; n in 1..GQT_HQQ_SCALE_SEARCH_MAX: also try 2n other scales (default 1) */
+    int scale_search;  /* 0: plain HQQ; n in 1..GQT_HQQ_SCALE_SEARCH_MAX: also try 2n other scales and
+                          refit scale/zero by least squares (default 1) */
 } gqt_hqq_params;
 
 void gqt_hqq_default_params(gqt_hqq_params * p);
