@@ -57,6 +57,8 @@ def quantize_rows(int target, const float[:, ::1] x, unsigned char[:, ::1] out, 
 def quantize_rows_default(int target, const float[:, ::1] x, unsigned char[:, ::1] out):
     """The ggml type-trait entry points (quantize_q4_hqq*: default parameters); returns bytes written."""
     cdef size_t n
+    if target not in (512, 513):
+        raise ValueError("quantize_rows_default: target must be Q4_HQQ (512) or Q4_HQQ_128 (513)")
     if x.shape[0] == 0:
         return 0
     if <size_t> out.shape[1] != gqt_hqq_row_size(target, x.shape[1]) or out.shape[0] != x.shape[0]:

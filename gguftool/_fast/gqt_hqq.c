@@ -60,10 +60,10 @@ static inline float round_clamped(float v, float qmax) {
     return (v + 12582912.0f) - 12582912.0f;
 }
 
-/* sign(r) * relu(|r| - |r|^(p-1) / beta); exactly 0 below `floor` (see _shrink_lp in hqq.py). */
-static inline float shrink_lp(float r, double beta, double pm1, double floor) {
+/* sign(r) * relu(|r| - |r|^(p-1) / beta); exactly 0 unless |r| > live_min (see _shrink_floor in hqq.py). */
+static inline float shrink_lp(float r, double beta, double pm1, double live_min) {
     const float ar = fabsf(r);
-    if (!((double) ar > floor)) return 0.0f;
+    if (!((double) ar > live_min)) return 0.0f;
     const float t = (float) (pow((double) ar, pm1) / beta);
     const float d = ar - t;
     return d > 0.0f ? copysignf(d, r) : 0.0f;
@@ -77,13 +77,13 @@ static float solve_zero(const float * W_f, int G, float s, float z, float qmax, 
     const float Gf = (float) G;
     float best = INFINITY;
     for (int it = 0; it < p->iters; it++) {
-        const double floor = pow(1.0 / beta, 1.0 / (1.0 - pm1)) * (1.0 - 1e-4);
+        const double live_min = pow(1.0 / beta, 1.0 / (1.0 - pm1)) * (1.0 - 1e-4);
         float zsum = 0.0f, esum = 0.0f;
         for (int j = 0; j < G; j++) {
             const float W_q = round_clamped(W_f[j] * s + z, qmax);
             const float W_r = (W_q - z) / s;
             const float r = W_f[j] - W_r;
-            const float W_e = shrink_lp(r, beta, pm1, floor);
+            const float W_e = shrink_lp(r, beta, pm1, live_min);
             zsum += W_q - (W_f[j] - W_e) * s;
             esum += fabsf(r);
         }
