@@ -104,11 +104,106 @@ void gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k) {
     for (int64_t b = 0; b < k / QK; ++b) quantize_block(x + b * QK, out + b);
 }
 
+#if defined(__AVX2__)
+/* 8-wide paths: the same operations on the same operands as the scalar code, so the same bits
+ * (integer butterflies are exact; float butterflies pair the same a, b; products and sums keep
+ * the canonical order below). test_native_flags_give_the_same_results holds them to it. */
+#include <immintrin.h>
+
+#define SGN(j) (((GQT_TQ3_SIGN_WORD >> (j)) & 1) ? -1 : 1)
+
+/* centroids of the 8 indices in a 24-bit group word */
+static inline __m256 centroids8(const uint8_t * q3) {
+    const uint32_t w = (uint32_t) q3[0] | (uint32_t) q3[1] << 8 | (uint32_t) q3[2] << 16;
+    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) w),
+                                             _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)), _mm256_set1_epi32(7));
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(gqt_tq3_centroids_f), idx);
+}
+
+/* one butterfly stage inside a register: lanes with bit h clear get v + partner, set get partner - v */
+#define BFLY_PS(v, sw, mask) _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), mask)
+#define BFLY_EPI16(v, sw, mask) _mm256_blend_epi16(_mm256_add_epi16(v, sw), _mm256_sub_epi16(sw, v), mask)
+
+static inline void fwht32_ps(__m256 * r) {  /* r[g] holds values 8g..8g+7 */
+    for (int g = 0; g < 4; ++g) {
+        r[g] = BFLY_PS(r[g], _mm256_permute_ps(r[g], 0xB1), 0xAA);              /* h = 1 */
+        r[g] = BFLY_PS(r[g], _mm256_permute_ps(r[g], 0x4E), 0xCC);              /* h = 2 */
+        r[g] = BFLY_PS(r[g], _mm256_permute2f128_ps(r[g], r[g], 0x01), 0xF0);   /* h = 4 */
+    }
+    for (int g = 0; g < 4; g += 2) {                                            /* h = 8 */
+        const __m256 a = r[g], b = r[g + 1];
+        r[g] = _mm256_add_ps(a, b); r[g + 1] = _mm256_sub_ps(a, b);
+    }
+    for (int g = 0; g < 2; ++g) {                                               /* h = 16 */
+        const __m256 a = r[g], b = r[g + 2];
+        r[g] = _mm256_add_ps(a, b); r[g + 2] = _mm256_sub_ps(a, b);
+    }
+}
+
+static inline void dequantize_block_avx2(const gqt_block_tq3_0 * b, float s, float * y) {
+    __m256 r[4];
+    for (int g = 0; g < 4; ++g) r[g] = centroids8(b->qs + 3 * g);
+    fwht32_ps(r);
+    const __m256 m = _mm256_set1_ps(s * GQT_TQ3_INV_SQRT32F);
+    for (int g = 0; g < 4; ++g) {
+        const int o = 8 * g;
+        const __m256 flip = _mm256_castsi256_ps(_mm256_setr_epi32(
+            (GQT_TQ3_SIGN_WORD >> (o + 0)) & 1 ? INT32_MIN : 0, (GQT_TQ3_SIGN_WORD >> (o + 1)) & 1 ? INT32_MIN : 0,
+            (GQT_TQ3_SIGN_WORD >> (o + 2)) & 1 ? INT32_MIN : 0, (GQT_TQ3_SIGN_WORD >> (o + 3)) & 1 ? INT32_MIN : 0,
+            (GQT_TQ3_SIGN_WORD >> (o + 4)) & 1 ? INT32_MIN : 0, (GQT_TQ3_SIGN_WORD >> (o + 5)) & 1 ? INT32_MIN : 0,
+            (GQT_TQ3_SIGN_WORD >> (o + 6)) & 1 ? INT32_MIN : 0, (GQT_TQ3_SIGN_WORD >> (o + 7)) & 1 ? INT32_MIN : 0));
+        _mm256_storeu_ps(y + o, _mm256_xor_ps(_mm256_mul_ps(r[g], m), flip));
+    }
+}
+
+/* the int8 block, sign-flipped and rotated in int16 (|H32 D q| <= 32 * 128 fits) */
+static inline void rotate_q8_avx2(const int8_t * qs, __m256i * lo, __m256i * hi) {
+    __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) qs));
+    __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) (qs + 16)));
+    a = _mm256_sign_epi16(a, _mm256_setr_epi16(SGN(0), SGN(1), SGN(2), SGN(3), SGN(4), SGN(5), SGN(6), SGN(7),
+                                               SGN(8), SGN(9), SGN(10), SGN(11), SGN(12), SGN(13), SGN(14), SGN(15)));
+    b = _mm256_sign_epi16(b, _mm256_setr_epi16(SGN(16), SGN(17), SGN(18), SGN(19), SGN(20), SGN(21), SGN(22), SGN(23),
+                                               SGN(24), SGN(25), SGN(26), SGN(27), SGN(28), SGN(29), SGN(30), SGN(31)));
+    const __m256i swap1 = _mm256_setr_epi8(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13,
+                                           2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    __m256i * r[2] = {&a, &b};
+    for (int i = 0; i < 2; ++i) {
+        __m256i v = *r[i];
+        v = BFLY_EPI16(v, _mm256_shuffle_epi8(v, swap1), 0xAA);                 /* h = 1 */
+        v = BFLY_EPI16(v, _mm256_shuffle_epi32(v, 0xB1), 0xCC);                 /* h = 2 */
+        v = BFLY_EPI16(v, _mm256_shuffle_epi32(v, 0x4E), 0xF0);                 /* h = 4 */
+        const __m256i sw = _mm256_permute2x128_si256(v, v, 0x01);               /* h = 8 */
+        v = _mm256_blend_epi32(_mm256_add_epi16(v, sw), _mm256_sub_epi16(sw, v), 0xF0);
+        *r[i] = v;
+    }
+    *lo = _mm256_add_epi16(a, b);                                               /* h = 16 */
+    *hi = _mm256_sub_epi16(a, b);
+}
+
+static inline float block_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
+    __m256i lo, hi;
+    rotate_q8_avx2(y->qs, &lo, &hi);
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(lo)));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(lo, 1)));
+    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(hi)));
+    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(hi, 1)));
+    __m256 acc = _mm256_add_ps(_mm256_mul_ps(centroids8(x->qs + 0), w0), _mm256_mul_ps(centroids8(x->qs + 3), w1));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(centroids8(x->qs + 6), w2));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(centroids8(x->qs + 9), w3));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+#endif
+
 void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
     const gqt_block_tq3_0 * in = (const gqt_block_tq3_0 *) x;
     for (int64_t b = 0; b < k / QK; ++b, y += QK) {
         const float s = gqt_fp16_to_fp32(in[b].d);
         if (s == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
+#if defined(__AVX2__)
+        dequantize_block_avx2(&in[b], s, y);
+#else
         float v[QK];
         unpack_centroids(&in[b], v);
         fwht32_f(v);
@@ -117,6 +212,7 @@ void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
             const float t = v[j] * m;
             y[j] = (GQT_TQ3_SIGN_WORD >> j) & 1 ? -t : t;
         }
+#endif
     }
 }
 
@@ -137,8 +233,26 @@ int gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
     return GQT_OK;
 }
 
-/* <x_hat, y> = <D H (s c[idx]), d8 q> = s d8 <c[idx], H D q> / sqrt(32): rotate the int8 block
- * exactly in integers (|H32 D q| <= 32 * 128) instead of decoding x. */
+/* <c[idx], H32 D q> with the int8 block rotated exactly in integers; the 32 products are summed
+ * in the canonical 8-lane order: lane l = ((p[l] + p[l+8]) + p[l+16]) + p[l+24], then
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) -- what an 8-wide SIMD unit does naturally. */
+static inline float block_dot(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
+#if defined(__AVX2__)
+    return block_dot_avx2(x, y);
+#else
+    float c[QK], a[8];
+    int32_t w[QK];
+    unpack_centroids(x, c);
+    for (int j = 0; j < QK; ++j) w[j] = (GQT_TQ3_SIGN_WORD >> j) & 1 ? -(int32_t) y->qs[j] : (int32_t) y->qs[j];
+    fwht32_i(w);
+    for (int l = 0; l < 8; ++l)
+        a[l] = ((c[l] * (float) w[l] + c[l + 8] * (float) w[l + 8]) + c[l + 16] * (float) w[l + 16]) + c[l + 24] * (float) w[l + 24];
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+#endif
+}
+
+/* <x_hat, y> = <D H (s c[idx]), d8 q> = s d8 <c[idx], H D q> = s d8 <c[idx], H32 D q> / sqrt(32):
+ * rotate the int8 block instead of decoding x. */
 void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
     (void) bs; (void) bx; (void) by; (void) nrc;
     const gqt_block_tq3_0 * x = (const gqt_block_tq3_0 *) vx;
@@ -147,14 +261,7 @@ void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     for (int b = 0; b < n / QK; ++b) {
         const float sx = gqt_fp16_to_fp32(x[b].d);
         if (sx == 0.0f) continue;  /* zero block; also keeps 0 * inf out */
-        float c[QK];
-        int32_t w[QK];
-        unpack_centroids(&x[b], c);
-        for (int j = 0; j < QK; ++j) w[j] = (GQT_TQ3_SIGN_WORD >> j) & 1 ? -(int32_t) y[b].qs[j] : (int32_t) y[b].qs[j];
-        fwht32_i(w);
-        float dot = 0.0f;
-        for (int j = 0; j < QK; ++j) dot += c[j] * (float) w[j];
-        sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * dot;
+        sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * block_dot(&x[b], &y[b]);
     }
     *s = sumf * GQT_TQ3_INV_SQRT32F;
 }

@@ -212,9 +212,9 @@ def vec_dot_tq3_q8_0_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         sy = y[:, b, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
         q = y[:, b, 2:].view(np.int8).astype(np.int32)
         w = fwht(np.where(_NEG, -q, q)).astype(np.float32)
-        dot = np.zeros(len(x), dtype=np.float32)
-        for j in range(QK):
-            dot = dot + _C32[idx[:, j]] * w[:, j]
+        p = _C32[idx] * w                     # canonical 8-lane order, see block_dot in gqt_tq3.c
+        a = ((p[:, 0:8] + p[:, 8:16]) + p[:, 16:24]) + p[:, 24:32]
+        dot = ((a[:, 0] + a[:, 4]) + (a[:, 2] + a[:, 6])) + ((a[:, 1] + a[:, 5]) + (a[:, 3] + a[:, 7]))
         sumf = np.where(sx == 0, sumf, sumf + (sx * sy) * dot)
     return sumf * _INV_SQRT32F
 
