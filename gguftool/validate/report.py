@@ -41,6 +41,13 @@ def _n(x, fmt="{:.4f}", dash="-") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and math.isfinite(x) else dash
 
 
+def _verdict(iso: dict, ty: str) -> str:
+    if ty in iso["verdicts"]:
+        return f"bug: {iso['verdicts'][ty]} side"
+    sides = sorted({f["side"] for f in iso["flags"] if ty in (f["k"], f["v"])})
+    return f"suspect: {' and '.join(sides)} side" if sides else "ok"
+
+
 def _label(c: dict) -> str:
     return f"{c['k']}/{c['v']}"
 
@@ -67,8 +74,9 @@ def plots(rec: dict, out: Path) -> dict[str, str]:
             col, mk = style.get(c["role"], ("C0", "o"))
             lab = c["role"] if c["role"] not in seen else None
             seen.add(c["role"])
-            ax.errorbar(c["bits_per_value"], c["ppl"], yerr=c.get("ppl_err") or 0, fmt=mk, color=col, label=lab,
-                        capsize=2)
+            # no error bars: every cell reads the same text, so their +/- (text sampling) is shared;
+            # the KLD column is the paired comparison
+            ax.plot(c["bits_per_value"], c["ppl"], mk, color=col, label=lab)
             ax.annotate(_label(c), (c["bits_per_value"], c["ppl"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
         if any(c["ppl"] > 3 * rec["reference"]["ppl"] for c in cells):
@@ -127,7 +135,8 @@ def markdown(rec: dict, images: dict) -> str:
     t = rec["target"]
     ref = rec["reference"]
     L = [f"# gguftool validate: {Path(rec['model']['path']).name} on {t['target']}", ""]
-    verdict = "PASS" if rec.get("ok") else "CHECK"
+    n_sus = sum(1 for f in (rec.get("isolate") or {}).get("flags", []) if f["level"] == "suspect")
+    verdict = ("PASS" if rec.get("ok") else "CHECK") + (f" ({n_sus} suspect cell{'s' if n_sus > 1 else ''})" if n_sus else "")
     L += [f"**{verdict}** - {rec['created']}, {rec['seconds']} s", ""]
     L += ["| | |", "|---|---|",
           f"| model | `{rec['model']['path']}` ({rec['model']['bytes'] / 2**20:.1f} MiB, sha256 `{rec['model']['sha256'][:16]}`) |",
@@ -168,7 +177,7 @@ def markdown(rec: dict, images: dict) -> str:
             row = [by.get((ty, "f16"), {}), by.get(("f16", ty), {}), by.get((ty, ty), {})]
             L.append(f"| {ty} | " + " | ".join(_n(c.get("ppl"), "{:.3f}", "FAILED" if c.get("failed") else "-") for c in row)
                      + " | " + " | ".join(_n(c.get("kld"), "{:.4f}") for c in row)
-                     + f" | {'bug: ' + iso['verdicts'][ty] + ' side' if ty in iso['verdicts'] else 'ok'} |")
+                     + f" | {_verdict(iso, ty)} |")
         L.append("")
         if iso["flags"]:
             for f in iso["flags"]:

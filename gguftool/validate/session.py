@@ -101,7 +101,10 @@ class Validation:
     # -- steps
     def setup(self) -> None:
         self.log(f"[{self.r.name}] preparing tools ...")
-        self.r.prepare(list(TOOLS))
+        s = self.s
+        need = ["llama-perplexity"] + (["llama-bench"] if s.bench or s.sustained_s > 0 else []) + \
+               (["llama-completion"] if s.sample else [])
+        self.r.prepare(need)   # only what this run uses: fewer pushes to a phone
         self.model_t = self.r.push(self.model)
         self.text_t = self.r.push(self.text)
         self.kld_t = self.r.path("reference-f16.kld")
