@@ -4,6 +4,8 @@
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
 #pragma GCC optimize("fp-contract=off")  /* -march=native must not turn a*b+c into an FMA */
+#elif defined(_MSC_VER)
+#pragma fp_contract(off)
 #endif
 
 #include <math.h>
@@ -194,6 +196,91 @@ static inline float block_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+/* 4-wide arm64 paths, same operations on the same operands as the scalar code (see the AVX2 note). */
+#include <arm_neon.h>
+
+#define SGN(j) (((GQT_TQ3_SIGN_WORD >> (j)) & 1) ? -1 : 1)
+#define FLIP(j) (((GQT_TQ3_SIGN_WORD >> (j)) & 1) ? UINT32_C(0x80000000) : 0u)
+
+static const uint32_t gqt_tq3_odd_u32[4] = {0, ~0u, 0, ~0u};
+static const uint16_t gqt_tq3_odd_u16[8] = {0, 0xFFFF, 0, 0xFFFF, 0, 0xFFFF, 0, 0xFFFF};
+static const uint16_t gqt_tq3_bit1_u16[8] = {0, 0, 0xFFFF, 0xFFFF, 0, 0, 0xFFFF, 0xFFFF};
+
+static inline void fwht32_neon_f(float32x4_t * r) {  /* r[i] holds values 4i..4i+3 */
+    const uint32x4_t odd = vld1q_u32(gqt_tq3_odd_u32);
+    for (int i = 0; i < 8; ++i) {
+        float32x4_t sw = vrev64q_f32(r[i]);                                                 /* h = 1 */
+        r[i] = vbslq_f32(odd, vsubq_f32(sw, r[i]), vaddq_f32(r[i], sw));
+        sw = vextq_f32(r[i], r[i], 2);                                                      /* h = 2 */
+        r[i] = vcombine_f32(vget_low_f32(vaddq_f32(r[i], sw)), vget_high_f32(vsubq_f32(sw, r[i])));
+    }
+    for (int h = 1; h < 8; h <<= 1)                                                         /* h = 4, 8, 16 */
+        for (int i = 0; i < 8; i += 2 * h)
+            for (int j = i; j < i + h; ++j) {
+                const float32x4_t a = r[j], b = r[j + h];
+                r[j] = vaddq_f32(a, b); r[j + h] = vsubq_f32(a, b);
+            }
+}
+
+static inline void fwht32_neon_s16(int16x8_t * r) {  /* r[i] holds values 8i..8i+7 */
+    const uint16x8_t odd = vld1q_u16(gqt_tq3_odd_u16), bit1 = vld1q_u16(gqt_tq3_bit1_u16);
+    for (int i = 0; i < 4; ++i) {
+        int16x8_t sw = vrev32q_s16(r[i]);                                                   /* h = 1 */
+        r[i] = vbslq_s16(odd, vsubq_s16(sw, r[i]), vaddq_s16(r[i], sw));
+        sw = vreinterpretq_s16_s32(vrev64q_s32(vreinterpretq_s32_s16(r[i])));               /* h = 2 */
+        r[i] = vbslq_s16(bit1, vsubq_s16(sw, r[i]), vaddq_s16(r[i], sw));
+        sw = vextq_s16(r[i], r[i], 4);                                                      /* h = 4 */
+        r[i] = vcombine_s16(vget_low_s16(vaddq_s16(r[i], sw)), vget_high_s16(vsubq_s16(sw, r[i])));
+    }
+    for (int h = 1; h < 4; h <<= 1)                                                         /* h = 8, 16 */
+        for (int i = 0; i < 4; i += 2 * h)
+            for (int j = i; j < i + h; ++j) {
+                const int16x8_t a = r[j], b = r[j + h];
+                r[j] = vaddq_s16(a, b); r[j + h] = vsubq_s16(a, b);
+            }
+}
+
+static inline void dequantize_block_neon(const gqt_block_tq3_0 * b, float s, float * y) {
+    static const uint32_t flip[QK] = {
+        FLIP(0), FLIP(1), FLIP(2), FLIP(3), FLIP(4), FLIP(5), FLIP(6), FLIP(7), FLIP(8), FLIP(9), FLIP(10),
+        FLIP(11), FLIP(12), FLIP(13), FLIP(14), FLIP(15), FLIP(16), FLIP(17), FLIP(18), FLIP(19), FLIP(20),
+        FLIP(21), FLIP(22), FLIP(23), FLIP(24), FLIP(25), FLIP(26), FLIP(27), FLIP(28), FLIP(29), FLIP(30), FLIP(31)};
+    float c[QK];
+    float32x4_t r[8];
+    unpack_centroids(b, c);
+    for (int i = 0; i < 8; ++i) r[i] = vld1q_f32(c + 4 * i);
+    fwht32_neon_f(r);
+    const float32x4_t m = vdupq_n_f32(s * GQT_TQ3_INV_SQRT32F);
+    for (int i = 0; i < 8; ++i)
+        vst1q_f32(y + 4 * i, vreinterpretq_f32_u32(veorq_u32(vreinterpretq_u32_f32(vmulq_f32(r[i], m)),
+                                                             vld1q_u32(flip + 4 * i))));
+}
+
+static inline float block_dot_neon(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
+    static const int16_t sgn[QK] = {
+        SGN(0), SGN(1), SGN(2), SGN(3), SGN(4), SGN(5), SGN(6), SGN(7), SGN(8), SGN(9), SGN(10), SGN(11),
+        SGN(12), SGN(13), SGN(14), SGN(15), SGN(16), SGN(17), SGN(18), SGN(19), SGN(20), SGN(21), SGN(22),
+        SGN(23), SGN(24), SGN(25), SGN(26), SGN(27), SGN(28), SGN(29), SGN(30), SGN(31)};
+    float c[QK];
+    unpack_centroids(x, c);
+    const int8x16_t q0 = vld1q_s8(y->qs), q1 = vld1q_s8(y->qs + 16);
+    int16x8_t w[4] = {vmovl_s8(vget_low_s8(q0)), vmovl_s8(vget_high_s8(q0)),
+                      vmovl_s8(vget_low_s8(q1)), vmovl_s8(vget_high_s8(q1))};
+    for (int i = 0; i < 4; ++i) w[i] = vmulq_s16(w[i], vld1q_s16(sgn + 8 * i));
+    fwht32_neon_s16(w);
+    float32x4_t p[8];
+    for (int i = 0; i < 4; ++i) {
+        p[2 * i] = vmulq_f32(vld1q_f32(c + 8 * i), vcvtq_f32_s32(vmovl_s16(vget_low_s16(w[i]))));
+        p[2 * i + 1] = vmulq_f32(vld1q_f32(c + 8 * i + 4), vcvtq_f32_s32(vmovl_s16(vget_high_s16(w[i]))));
+    }
+    /* lanes 0..3 and 4..7 of the canonical 8-lane order, then its fixed tree */
+    const float32x4_t lo = vaddq_f32(vaddq_f32(vaddq_f32(p[0], p[2]), p[4]), p[6]);
+    const float32x4_t hi = vaddq_f32(vaddq_f32(vaddq_f32(p[1], p[3]), p[5]), p[7]);
+    const float32x4_t s4 = vaddq_f32(lo, hi);
+    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
+}
 #endif
 
 void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
@@ -203,6 +290,8 @@ void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
         if (s == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
 #if defined(__AVX2__)
         dequantize_block_avx2(&in[b], s, y);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+        dequantize_block_neon(&in[b], s, y);
 #else
         float v[QK];
         unpack_centroids(&in[b], v);
@@ -239,6 +328,8 @@ int gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
 static inline float block_dot(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
 #if defined(__AVX2__)
     return block_dot_avx2(x, y);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    return block_dot_neon(x, y);
 #else
     float c[QK], a[8];
     int32_t w[QK];
