@@ -308,6 +308,23 @@ static void quantize_row_default(int target, const float * x, void * y, int64_t 
     quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
 }
 
+static void quantize_row_plain(int target, const float * x, void * y, int64_t k) {
+    hqq_target t;
+    gqt_hqq_params p;
+    target_info(target, &t);
+    gqt_hqq_default_params(&p);
+    p.scale_search = 0;
+    quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
+}
+
+void gqt_quantize_row_q4_hqq(const float * x, void * y, int64_t k) {
+    quantize_row_plain(GQT_TYPE_Q4_HQQ, x, y, k);
+}
+
+void gqt_quantize_row_q4_hqq_128(const float * x, void * y, int64_t k) {
+    quantize_row_plain(GQT_TYPE_Q4_HQQ_128, x, y, k);
+}
+
 void gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k) {
     quantize_row_default(GQT_TYPE_Q4_HQQ, x, y, k);
 }
