@@ -31,6 +31,8 @@ def add_parser(sub) -> None:
                    help="a KV cache configuration, repeatable (default: f16, q8_0, q4_0, q4_hqq, tq3_0)")
     p.add_argument("--isolate", action="store_true", help="K-only, V-only and both for each --types cache type")
     p.add_argument("--types", default="f16,q8_0,q4_0,q4_hqq,tq3_0", help="cache types of the --isolate matrix")
+    p.add_argument("--reference-model", metavar="GGUF",
+                   help="KL divergence against this model's logits (e.g. the f16/Q8_0 original) instead of MODEL with f16 KV")
     p.add_argument("--text", help="perplexity text (default: Pride and Prejudice, shipped with gguftool)")
     p.add_argument("--chunks", type=int, default=8, help="perplexity chunks (default 8)")
     p.add_argument("--ctx", type=int, default=512, help="context per chunk (default 512)")
@@ -86,7 +88,8 @@ def run(args) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    rec = session.run_validation(runner, Path(args.model), text, settings, kv, types, log=log)
+    rec = session.run_validation(runner, Path(args.model), text, settings, kv, types, log=log,
+                                 reference_model=Path(args.reference_model) if args.reference_model else None)
     paths = report.write(rec, out)
     print(f"report: {paths['md']}  (JSON: {paths['json']})")
     iso = rec.get("isolate")

@@ -145,7 +145,8 @@ def markdown(rec: dict, images: dict) -> str:
           + (f", serial {t.get('serial')}" if t.get("serial") else "") + f", tools in `{t['bin_dir']}` |",
           f"| perplexity | {s['chunks']} chunks x {s['ctx']} tokens, {s['threads']} threads, flash attention on, "
           f"rotation {'on (upstream default)' if s['rotation'] else 'off (LLAMA_ATTN_ROT_DISABLE=1)'} |",
-          f"| reference | K=f16 V=f16: PPL {ref['ppl']:.4f} +/- {ref['ppl_err']:.4f}; KLD of every row is against its logits |",
+          f"| reference | {('model `' + Path(ref['model']).name + '`, ') if ref.get('model') else ''}K=f16 V=f16: "
+          f"PPL {ref['ppl']:.4f} +/- {ref['ppl_err']:.4f}; KLD of every row is against its logits |",
           ""]
     L += ["## Quality", "",
           "| K | V | role | bits/value | KV KiB/token | PPL | +/- | PPL ratio | mean KLD | KLD 99% | same top-1 % | peak RSS MiB |",

@@ -75,9 +75,13 @@ def _kv_args(k: str, v: str) -> list[str]:
 
 
 class Validation:
-    def __init__(self, runner: Runner, model: Path, text: Path, settings: Settings, log=print):
+    def __init__(self, runner: Runner, model: Path, text: Path, settings: Settings, log=print,
+                 reference_model: Path | None = None):
         self.r = runner
         self.model = Path(model)
+        self.ref_model = Path(reference_model) if reference_model else None
+        if self.ref_model and not self.ref_model.is_file():
+            raise GgufToolError(f"{self.ref_model}: no such reference model file")
         self.text = Path(text)
         self.s = settings
         self.log = log
@@ -107,18 +111,23 @@ class Validation:
         self.r.prepare(need)   # only what this run uses: fewer pushes to a phone
         self.model_t = self.r.push(self.model)
         self.text_t = self.r.push(self.text)
+        self.ref_model_t = self.r.push(self.ref_model) if self.ref_model else self.model_t
         self.kld_t = self.r.path("reference-f16.kld")
 
     def reference(self) -> dict:
         s = self.s
-        self.log(f"[{self.r.name}] reference: perplexity with f16 K/V, {s.chunks} x {s.ctx} tokens, saving logits")
-        args = [*_ppl_args(s, self.model_t), "-f", self.text_t, "--chunks", str(s.chunks), *_kv_args("f16", "f16"),
+        who = self.ref_model.name if self.ref_model else "f16 K/V"
+        self.log(f"[{self.r.name}] reference: perplexity of {who}, {s.chunks} x {s.ctx} tokens, saving logits")
+        args = [*_ppl_args(s, self.ref_model_t), "-f", self.text_t, "--chunks", str(s.chunks), *_kv_args("f16", "f16"),
                 "--kl-divergence-base", self.kld_t]
         res = self._run("llama-perplexity", args, "ref-f16")
         ppl = metrics.parse_ppl(res.log)
         if res.rc != 0 or ppl is None:
             raise GgufToolError(self._fail("the f16 reference perplexity run", res),
                                 "a text shorter than 2 x ctx x chunks tokens is a common cause: lower --chunks/--ctx")
+        if self.ref_model:   # another model's logits: its row is not a cell of the matrix
+            return {"k": "f16", "v": "f16", "role": "reference-model", "model": str(self.ref_model), **ppl, "kld": 0.0,
+                    "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
         return {"k": "f16", "v": "f16", "role": "reference", **ppl, "kld": 0.0,
                 "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
 
@@ -223,13 +232,16 @@ def kv_columns(model: Path, k: str, v: str, ctx: int) -> dict:
 
 
 def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, kv: list[tuple[str, str]],
-                   isolate_types: list[str] | None = None, log=print) -> dict:
+                   isolate_types: list[str] | None = None, log=print, reference_model: Path | None = None) -> dict:
     """The whole run; returns the JSON-able record (report.write() turns it into files)."""
     t_start = time.time()
-    val = Validation(runner, model, text, settings, log)
+    val = Validation(runner, model, text, settings, log, reference_model)
     val.setup()
     ref = val.reference()
+    # with a reference model the tested model's own f16/f16 is a measured cell, not the reference
     pairs: list[tuple[str, str, str]] = [("config", k, v) for k, v in kv if (k, v) != ("f16", "f16")]
+    if reference_model:
+        pairs.insert(0, ("reference" if isolate_types else "config", "f16", "f16"))
     if isolate_types:
         pairs = [(role, k, v) for role, k, v in iso.cells_for(isolate_types) if role != "reference"] + \
                 [p for p in pairs if (p[1], p[2]) not in {(k, v) for _, k, v in iso.cells_for(isolate_types)}]
@@ -251,7 +263,7 @@ def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, 
             log(f"[{runner.name}] sustained generation {settings.sustained_s:.0f} s, K={k} V={v}")
             row["sustained"] = val.sustained(k, v)
         perf.append(row)
-    analysis = iso.analyse(cells) if isolate_types else None
+    analysis = iso.analyse([c for c in cells if c["role"] != "reference-model"]) if isolate_types else None
     rec = {
         "schema": "gguftool.validate/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
@@ -260,7 +272,8 @@ def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, 
         "text": file_info(val.text),
         "target": runner.describe(),
         "settings": {k: v for k, v in settings.__dict__.items() if k != "extra"},
-        "reference": {"k": "f16", "v": "f16", "ppl": ref["ppl"], "ppl_err": ref["ppl_err"]},
+        "reference": {"k": "f16", "v": "f16", "ppl": ref["ppl"], "ppl_err": ref["ppl_err"],
+                      "model": str(reference_model) if reference_model else None},
         "cells": cells,
         "perf": perf,
         "isolate": analysis,
