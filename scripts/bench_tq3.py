@@ -5,6 +5,8 @@ and speed next to gguf.quants' numpy Q4_0, all measured in this run.
     python scripts/bench_tq3.py                   # table, then JSON on the last line
     python scripts/bench_tq3.py --json out.json   # also write the JSON to a file
     python scripts/bench_tq3.py --quick           # smaller sample sizes
+    python scripts/bench_tq3.py --native          # also time the C kernels built as llama.cpp builds
+                                                  # them (-O3 -march=native: AVX2/NEON paths) vs portable
 
 Quality columns are relative MSE  sum ||x - x_hat||^2 / sum ||x||^2  (pooled over the sample).
 Q4_HQQ comes from gguftool.quant (another family); its column is skipped when it is not available.
@@ -200,10 +202,60 @@ def speed(rng: np.random.Generator, rows: int) -> dict:
     return r
 
 
+_NATIVE_HARNESS = r"""
+#define _POSIX_C_SOURCE 199309L
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "gqt_tq3.h"
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(void) {
+    const int n = 4096, rows = 256, reps = 5;
+    float * x = malloc(sizeof(float) * n * rows), * o = malloc(sizeof(float) * n * rows);
+    unsigned char * q = malloc((size_t) n * rows / 32 * 14);
+    gqt_block_q8_0 * y = malloc(sizeof(gqt_block_q8_0) * n / 32);
+    srand(1);
+    for (int i = 0; i < n * rows; i++) { float u = 0; for (int k = 0; k < 12; k++) u += rand() / (float) RAND_MAX; x[i] = u - 6; }
+    for (int b = 0; b < n / 32; b++) { y[b].d = 0x3C00; for (int j = 0; j < 32; j++) y[b].qs[j] = (int8_t) (rand() % 255 - 127); }
+    double t = now(); for (int r = 0; r < reps; r++) gqt_tq3_0_quantize_rows(x, q, rows, n); const double tq = (now() - t) / reps;
+    t = now(); for (int r = 0; r < reps; r++) gqt_dequantize_row_tq3_0(q, o, (int64_t) n * rows); const double td = (now() - t) / reps;
+    float s, acc = 0;
+    t = now();
+    for (int r = 0; r < reps; r++) for (int i = 0; i < rows; i++) { gqt_vec_dot_tq3_0_q8_0(n, &s, 0, q + (size_t) i * n / 32 * 14, 0, y, 0, 1); acc += s; }
+    const double tv = (now() - t) / reps;
+    printf("%g %g %g %g\n", n * rows / tq, n * rows / td, n * rows / tv, acc);
+    return 0;
+}
+"""
+
+
+def native(cc: str = "gcc") -> dict:
+    """values/s of the C kernels: portable build (what the Python wheel runs) vs the llama.cpp-style
+    native build (-O3 -march=native, SIMD paths), same machine, same run."""
+    import shutil
+    import subprocess
+    import tempfile
+    if shutil.which(cc) is None:
+        return {}
+    fast = Path(__file__).resolve().parent.parent / "gguftool" / "_fast"
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "h.c"
+        src.write_text(_NATIVE_HARNESS)
+        for name, flags in (("portable -O2", ["-O2", "-std=c99"]),
+                            ("native -O3 -march=native", ["-O3", "-march=native", "-std=gnu11"])):
+            exe = Path(d) / "h"
+            subprocess.run([cc, *flags, f"-I{fast}", str(src), str(fast / "gqt_tq3.c"), "-lm", "-o", str(exe)], check=True)
+            qv, dv, vv, acc = map(float, subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split())
+            out[name] = {"quantize": qv, "dequantize": dv, "vec_dot_q8_0": vv, "checksum": acc}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller samples (seconds instead of tens of seconds)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--native", action="store_true", help="also time the C kernels built with -O3 -march=native")
     ap.add_argument("--json", type=Path, help="also write the results to this file")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
@@ -247,10 +299,20 @@ def main(argv: list[str] | None = None) -> int:
         base = base_q if name.split()[1] == "quantize" else base_d   # vec_dot: vs Q4_0 dequantize
         print(f"  {name:38s} {v / 1e6:10.1f} M/s   x{v / base:.2f}")
 
+    nat = native() if args.native else {}
+    if nat:
+        base = nat["portable -O2"]
+        print("\nC kernels alone (values/s), llama.cpp-style native build vs the portable build, same run")
+        for name, row in nat.items():
+            print(f"  {name:28s}" + "".join(f"  {k} {row[k] / 1e6:8.1f} M/s (x{row[k] / base[k]:.2f})"
+                                            for k in ("quantize", "dequantize", "vec_dot_q8_0")))
+        if len({row["checksum"] for row in nat.values()}) != 1:
+            print("  WARNING: vec_dot checksums differ between the builds", file=sys.stderr)
+
     result = {"quality_rel_mse": qual, "inner_product_abs_error": {str(k): v for k, v in ip.items()},
               "scale_rule_rel_mse": sc,
               "upstream_rotation_rel_mse": {str(k): v for k, v in ur.items()},
-              "values_per_second": sp,
+              "values_per_second": sp, "native_c_values_per_second": nat,
               "reference": {"lloyd_max_d32": DISTORTION, "paper_upper_b3": PAPER_UPPER,
                             "paper_lower_b3": PAPER_LOWER, "gaussian_lloyd_max_b3": GAUSS_LLOYD_MAX},
               "args": {"quick": args.quick, "seed": args.seed}}

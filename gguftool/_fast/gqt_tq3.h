@@ -13,7 +13,8 @@
  *
  * Results are bit-identical to the numpy reference (gguftool/quant/tq3.py) and independent of
  * -march: sums run in a fixed order, no FMA contraction (the .c file forbids it), sqrt and
- * division are IEEE correctly rounded. Plain C99. */
+ * division are IEEE correctly rounded. C99; optional AVX2 / arm64 NEON paths for dequantize and
+ * vec_dot (when __AVX2__ / __ARM_NEON are defined) give the same bits as the scalar code. */
 #pragma once
 #include "gqt_common.h"
 
