@@ -139,9 +139,36 @@ def write_wpm(model_dir: Path, tok: dict[str, Any], cfg: dict[str, Any], g: gguf
     gguf.SpecialVocab(model_dir, n_vocab=len(tokens)).add_to_gguf(g)
 
 
+NORMALIZER_KEYS = {"lowercase": "tokenizer.ggml.normalizer.lowercase",
+                   "strip_accents": "tokenizer.ggml.normalizer.strip_accents"}
+
+
+def normalizer_flags(norm: dict[str, Any] | None, flags: dict[str, bool] | None = None) -> dict[str, bool]:
+    """Lowercasing / accent stripping declared by tokenizer.json's normalizer. llama.cpp's WordPiece tokenizer
+    lowercases only when the file says so (newer gguf-py writes these keys; the gguf package we use does not)."""
+    flags = {} if flags is None else flags
+    if not norm:
+        return flags
+    kind = norm.get("type")
+    if kind == "Lowercase":
+        flags["lowercase"] = True
+    elif kind == "StripAccents":
+        flags["strip_accents"] = True
+    elif kind == "BertNormalizer":
+        for k in NORMALIZER_KEYS:
+            if norm.get(k) is not None:
+                flags[k] = bool(norm[k])
+    elif kind == "Sequence":
+        for n in norm.get("normalizers", []):
+            normalizer_flags(n, flags)
+    return flags
+
+
 def write_vocab(kind: str, arch_name: str, model_dir: Path, cfg: dict[str, Any], g: gguf.GGUFWriter,
                 pre_override: str | None = None) -> str:
     tok = load_tokenizer_json(model_dir)
+    for k, v in normalizer_flags(tok.get("normalizer")).items():
+        g.add_bool(NORMALIZER_KEYS[k], v)
     if kind == "wpm":
         write_wpm(model_dir, tok, cfg, g)
         return "default"
