@@ -50,7 +50,7 @@ def check(native, *args: str) -> str:
 
 
 def _weights(rng: np.random.Generator, rows: int = 12, n: int = 512) -> np.ndarray:
-    """Weight-like rows with the awkward blocks a real tensor has."""
+    """Weight-like rows (rows >= 5, n >= 128) with the awkward blocks a real tensor has."""
     x = rng.standard_normal((rows, n)).astype(np.float32) * rng.uniform(0.005, 0.2, (rows, 1)).astype(np.float32)
     x[0, :128] = 0.0                 # all-zero blocks (and a zero HQQ_128 group)
     x[1, :128] = np.float32(0.03125)  # constant blocks
@@ -132,7 +132,7 @@ def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
 
 @pytest.mark.parametrize("name", OURS)
 def test_validate_row_data_checks_fp16_fields(native, name, tmp_path, rng):
-    x = _weights(rng, rows=2, n=256)
+    x = _weights(rng, rows=6, n=256)
     src, q, deq = tmp_path / "x.f32", tmp_path / "x.q", tmp_path / "x.deq"
     x.tofile(src)
     check(native, "quant", name.lower(), "256", str(src), str(q), str(deq))

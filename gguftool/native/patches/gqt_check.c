@@ -121,7 +121,18 @@ static int cmd_dot(const char * tname, long long n, const char * xs, const char 
     float * dx = malloc((size_t) n * sizeof(float));
     float * dy = malloc((size_t) n * sizeof(float));
     ggml_get_type_traits(t)->to_float(qx, dx, n);
-    ggml_get_type_traits(vt)->to_float(qy, dy, n);
+    {   /* Q8_1 has no to_float in ggml: decode d * q from either block (d first, qs last) */
+        const size_t bsz = ggml_type_size(vt);
+        for (long long b = 0; b < n / 32; ++b) {
+            const unsigned char * blk = (const unsigned char *) qy + b * bsz;
+            ggml_fp16_t d;
+            memcpy(&d, blk, sizeof(d));
+            const int8_t * q8 = (const int8_t *) (blk + bsz - 32);
+            for (int j = 0; j < 32; ++j) {
+                dy[32 * b + j] = ggml_fp16_to_fp32(d) * (float) q8[j];
+            }
+        }
+    }
     double exact = 0.0;
     for (long long i = 0; i < n; ++i) {
         exact += (double) dx[i] * (double) dy[i];
