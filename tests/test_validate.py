@@ -178,6 +178,30 @@ def test_isolate_interaction_and_precision_loss_not_flagged_as_bug():
     assert all(f["level"] == "suspect" for f in res["flags"])
 
 
+def test_isolate_two_type_matrix_uses_the_other_side():
+    """With only f16 and one type there are no same-side neighbours: the K/V pair decides."""
+    ok = {("tq3_0", "f16"): 23.60, ("f16", "tq3_0"): 23.40, ("tq3_0", "tq3_0"): 24.60}
+    assert isolate.analyse(_matrix(ok))["flags"] == []
+    bad = {("tq3_0", "f16"): 412.0, ("f16", "tq3_0"): 23.40, ("tq3_0", "tq3_0"): 455.0}
+    assert isolate.analyse(_matrix(bad))["verdicts"] == {"tq3_0": "K"}
+
+
+def test_isolate_k_sensitivity_at_fewer_bits_is_not_a_bug():
+    """K error grows faster than V's and 3.5 bits loses more than 5: a measured SmolLM2 pattern
+    (2 x 128 tokens, rotation on: KLD K-only q4_0 0.039, q4_hqq 0.030, tq3_0 0.224; V-only
+    0.008, 0.0065, 0.034) must not be called a bug."""
+    kld = {("q8_0", "f16"): 0.0034, ("f16", "q8_0"): 0.0031, ("q4_0", "f16"): 0.039, ("f16", "q4_0"): 0.0079,
+           ("q4_hqq", "f16"): 0.030, ("f16", "q4_hqq"): 0.0065, ("tq3_0", "f16"): 0.224, ("f16", "tq3_0"): 0.034}
+    cells = [{"k": "f16", "v": "f16", "ppl": 35.60, "kld": 0.0}]
+    for (k, v), x in kld.items():
+        cells.append({"k": k, "v": v, "ppl": 35.60 * math.exp(0.75 * x), "kld": x})
+    for t in ("q8_0", "q4_0", "q4_hqq", "tq3_0"):
+        cells.append({"k": t, "v": t, "ppl": 35.60 * math.exp(0.75 * (kld[(t, "f16")] + kld[("f16", t)])),
+                      "kld": kld[(t, "f16")] + kld[("f16", t)]})
+    res = isolate.analyse(cells)
+    assert res["flags"] == [], res["flags"]
+
+
 def test_cells_for_and_parse_kv():
     cells = isolate.cells_for(["f16", "q8_0", "tq3_0"])
     assert cells == [("reference", "f16", "f16"), ("K-only", "q8_0", "f16"), ("V-only", "f16", "q8_0"),

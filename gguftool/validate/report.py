@@ -186,9 +186,10 @@ def markdown(rec: dict, images: dict) -> str:
         else:
             L.append("No cell is far from its neighbours: differences look like quantization error, not a kernel bug.")
         r = iso.get("rule", {})
-        L += ["", f"Rule: a single-side cell is flagged when its score is >= {r.get('factor')}x the median of the other "
-              "single-side cells and above an absolute level (suspect: PPL +10 % or KLD 0.05; bug: PPL +50 % or KLD 0.25); "
-              "a both-sides cell is compared with the sum of its two single-side cells.", ""]
+        L += ["", f"Rule: a single-side cell is flagged when its score (ln PPL ratio, KLD) is >= {r.get('factor')}x what "
+              "the same side of the other types predicts at its bits (error ~ 4^-bits; with no other type, 5x its own "
+              "other side) and above an absolute level (suspect: PPL +10 % or KLD 0.05; bug: PPL +50 % or KLD 0.25), "
+              "or when its run failed; a both-sides cell is compared with the sum of its two single-side cells.", ""]
     perf = rec.get("perf", [])
     if any(p.get("bench") for p in perf):
         L += ["## Speed (llama-bench)", "", "| K | V | test | t/s | +/- | test | t/s | +/- |", "|---|---|---|---|---|---|---|---|"]
