@@ -17,7 +17,6 @@ from ..errors import GgufToolError
 from ..types import BY_NAME
 from .._fast import _tq3
 from . import Codec, register
-from . import _load as _load_all
 from .parallel import map_rows
 from .tq3_codebook import BOUNDARIES, CENTROIDS, INV_SQRT_BLOCK_F32, SIGN_WORD, SQRT_BLOCK
 
@@ -225,8 +224,5 @@ def _quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:
     return quantize_tq3(x, threads=threads)
 
 
-# gguftool.quant._load() skips loading once any codec is registered; importing this module first
-# would otherwise leave the registry holding TQ3_0 alone. Load the others before adding ours.
-_load_all()
 CODEC = register(Codec(name=TYPE.name, id=TYPE.id, block_size=TYPE.block_size, type_size=TYPE.type_size,
                        quantize=_quantize_codec, dequantize=dequantize_tq3, custom=True))
