@@ -84,6 +84,37 @@ def hqq_package():
     return run
 
 
+def fidelity_vs_hqq(n: int = 400, seed: int = 1) -> dict | None:
+    """Our zero loop (numpy reference, kappa=1 = hqq 0.2.8's legacy loop) against
+    hqq.core.optimize.optimize_weights_proximal_legacy on single-group tensors, where hqq's
+    per-tensor early stop and ours coincide; same inverse scale and start zero for both. Residual
+    differences come from the early stop deciding on errors equal to the last float bit (torch's
+    mean vs our left-to-right sum), which moves the stop by one step."""
+    try:
+        import torch
+        from hqq.core.optimize import optimize_weights_proximal_legacy
+    except ImportError:
+        return None
+    rng = np.random.default_rng(seed)
+    prm = H.HQQParams(kappa=1.0, scale_search=0)
+    out = {}
+    for label, mult in (("weight_scale_0.02", 0.02), ("shrink_active_3.0", 3.0)):
+        diffs = []
+        for _ in range(n // 2):
+            w = (rng.standard_t(4, (1, 32)) * mult).astype(F32)
+            mn, mx = w.min(), w.max()
+            s = F32(1) / H._fp16(F32(1) / (F32(15) / (mx - mn)))[None]
+            z0 = -mn * s
+            ours = float(H._solve_zero(w, s, z0, 15, prm)[0])
+            _, _, z_hqq = optimize_weights_proximal_legacy(
+                torch.from_numpy(w.T.copy()), torch.tensor([[float(s[0])]]), torch.tensor([[float(z0[0])]]),
+                [0, 15], axis=0, device="cpu")
+            diffs.append(abs(ours - float(z_hqq.reshape(-1)[0])))
+        d = np.array(diffs)
+        out[label] = {"groups": len(d), "same_zero_1e-5": float((d <= 1e-5).mean()), "max_abs_diff": float(d.max())}
+    return out
+
+
 def per_tensor_early_stop(w: np.ndarray, group: int) -> np.ndarray:
     """Our numpy reference with hqq's per-tensor early stop (every block runs as many steps as the
     whole tensor's mean error keeps falling) instead of per-block: isolates that one difference."""
@@ -186,6 +217,10 @@ def main() -> int:
     for sname, tensors in sets.items():
         table[sname] = measure(tensors, columns(args.threads, ss_list, pkg, synthetic=sname != "minilm_l6_v2"))
         table[sname]["_values"] = sum(w.size for w in tensors.values())
+    fid = fidelity_vs_hqq()
+    for label, v in (fid or {}).items():
+        print(f"zero loop vs hqq 0.2.8 optimize_weights_proximal_legacy, {v['groups']} single groups, {label}: "
+              f"same zero (1e-5 code units) in {v['same_zero_1e-5']:.1%}, max diff {v['max_abs_diff']:.3g}")
     base = "q4_1_ref"
     names = [c for c in table["gaussian"] if not c.startswith("_")]
     print(f"relative MSE (x1e-3) and ratio to {base}; lower is better")
@@ -201,7 +236,7 @@ def main() -> int:
         print("minilm worst tensor rel MSE: " + ", ".join(
             f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"args": vars(args), "table": table}, indent=1))
+    Path(args.json).write_text(json.dumps({"args": vars(args), "fidelity_vs_hqq": fid, "table": table}, indent=1))
     print(f"wrote {args.json}")
     return 0
 
