@@ -231,6 +231,11 @@ def main() -> int:
             v = table[s].get(c)
             cells.append(f"{v['rel_mse'] * 1e3:10.4f} ({v['rel_mse'] / table[s][base]['rel_mse']:5.3f})" if v else "-")
         print(f"{c:18s}" + "".join(f"{cell:>26s}" for cell in cells))
+    last = list(table)[-1]
+    secs = {c: v["seconds"] for c, v in table[last].items() if not c.startswith("_") and "seconds" in v}
+    print(f"seconds on {last} ({table[last]['_values'] / 1e6:.1f} M values, quantize + dequantize, "
+          f"--threads {args.threads}; ratio to q4_1_ref, gguf's numpy port): " + ", ".join(
+              f"{c} {t:.1f} ({t / secs[base]:.2f})" for c, t in secs.items()))
     if minilm:
         worst = table["minilm_l6_v2"]
         print("minilm worst tensor rel MSE: " + ", ".join(
