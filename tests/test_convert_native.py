@@ -3,7 +3,7 @@ convert_hf_to_gguf.py output, and perplexity of a decoder rebuilt in HF layout a
 from __future__ import annotations
 
 import importlib.util
-import os
+import json
 import re
 import subprocess
 import sys
@@ -53,13 +53,17 @@ def run_convert_hf(script: Path, model_dir: Path, out: Path, outtype: str) -> Pa
 
 
 def embeddings(tools: Path, model: Path) -> np.ndarray:
-    r = subprocess.run([str(tools / "llama-embedding"), "-m", str(model), "-p", "\n".join(SENTENCES),
-                        "--embd-output-format", "array", "--embd-normalize", "2", "-t", "2", "--no-warmup"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    e = np.array(eval(r.stdout.strip()[r.stdout.index("[["):]), dtype=np.float64)  # noqa: S307 - numbers only
-    assert e.shape[0] == len(SENTENCES)
-    return e
+    cmd = [str(tools / "llama-embedding"), "-m", str(model), "-p", "\n".join(SENTENCES),
+           "--embd-output-format", "array", "--embd-normalize", "2", "-t", "2", "--no-warmup"]
+    for _ in range(5):  # llama.cpp's asynchronous logger sometimes loses the tail of stdout at exit: run again
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = r.stdout.strip()
+        if out.startswith("[[") and out.endswith("]]"):
+            e = np.array(json.loads(out), dtype=np.float64)
+            assert e.shape[0] == len(SENTENCES)
+            return e
+    raise AssertionError(f"llama-embedding printed no complete array: ...{r.stdout[-200:]!r}")
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
@@ -112,4 +116,4 @@ def test_smollm2_rebuilt_in_hf_layout_keeps_its_perplexity(tmp_path, tools, smol
     print("SmolLM2 perplexity:", results)
     # Q4_1 -> HF float32 -> Q4_1 is the same model; F16 runs the same weights without Q4_1's q8_1 activations
     assert abs(results["converted Q4_1"] / results["source Q4_1"] - 1) < 0.005
-    assert abs(results["converted F16"] / results["source Q4_1"] - 1) < 0.02
+    assert abs(results["converted F16"] / results["source Q4_1"] - 1) < 0.01
