@@ -337,3 +337,35 @@ def test_convert_dry_run_and_q4_hqq_plan(tmp_path, smol_hf, capsys):
     to = {r["name"]: r["to"] for r in plan["tensors"]}
     assert to["blk.0.attn_q.weight"] == "Q4_HQQ" and to["token_embd.weight"] == "Q8_0" and to["output_norm.weight"] == "F32"
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_sentencepiece_style_tokenizer_json_becomes_llama_vocab(tmp_path, rng):
+    # Mistral v0.1-v0.3 / Llama 2 ship SentencePiece BPE as tokenizer.json with byte_fallback
+    d = tiny_checkpoint(tmp_path / "m", rng, arch="MistralForCausalLM")
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)] + ["▁t", "he", "▁the", "▁a"])}
+    tok = {"version": "1.0", "normalizer": {"type": "Sequence", "normalizers": [
+               {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+           "pre_tokenizer": None, "decoder": {"type": "Sequence", "decoders": []},
+           "added_tokens": [{"id": i, "content": t, "special": True, "normalized": False} for i, t in enumerate(specials)],
+           "model": {"type": "BPE", "byte_fallback": True, "unk_token": "<unk>", "vocab": vocab,
+                     "merges": ["▁ t", "h e", "▁t he", "▁ a"]}}
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["vocab_size"] = len(vocab) + 2  # padded embedding rows, as many checkpoints have
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    w = {k: np.array(v.array()) for k, v in Checkpoint(d).tensors.items()}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        w[k] = rng.standard_normal((len(vocab) + 2, 64)).astype(np.float32)
+    save_file(d / "model.safetensors", w)
+    out = tmp_path / "o.gguf"
+    assert _convert(d, out, "--outtype", "f32") == 0
+    f = GGUFFile(out)
+    T = gguf.TokenType
+    assert f.get("tokenizer.ggml.model") == "llama"
+    types, scores, tokens = f.get("tokenizer.ggml.token_type"), f.get("tokenizer.ggml.scores"), f.get("tokenizer.ggml.tokens")
+    assert types[:3] == [T.CONTROL] * 3 and types[3:259] == [T.BYTE] * 256 and types[259] == T.NORMAL
+    assert types[-2:] == [T.UNUSED] * 2 and tokens[-1] == f"[PAD{len(vocab) + 1}]"
+    assert scores[259] > scores[260] > scores[261]  # earlier pieces merge first, as in SentencePiece
+    assert (f.get("tokenizer.ggml.bos_token_id"), f.get("tokenizer.ggml.eos_token_id")) == (1, 2)

@@ -101,9 +101,8 @@ def write_bpe(model_dir: Path, tok: dict[str, Any], vocab_size: int | None, g: g
         raise GgufToolError(f"{model_dir}/tokenizer.json: tokenizer model {model.get('type')!r} is not supported for "
                             "this architecture", hint="gguftool converts byte-level BPE (GPT-2 style) decoder tokenizers")
     if model.get("byte_fallback"):
-        raise GgufToolError(f"{model_dir}/tokenizer.json: a SentencePiece-style BPE tokenizer (byte_fallback), as in "
-                            "Llama 2 / Mistral v0.1-0.3, is not supported yet",
-                            hint="convert with llama.cpp's convert_hf_to_gguf.py, then `gguftool quantize`")
+        write_spm(model_dir, tok, vocab_size, g)
+        return "default"
     pre = pre_override or detect_pre(tok)
     if pre is None:
         raise GgufToolError(f"{model_dir}/tokenizer.json: unrecognised pre-tokenizer {json.dumps(tok.get('pre_tokenizer'))[:200]}",
@@ -118,6 +117,32 @@ def write_bpe(model_dir: Path, tok: dict[str, Any], vocab_size: int | None, g: g
         raise GgufToolError(f"{model_dir}/tokenizer.json: BPE tokenizer without merges")
     special.add_to_gguf(g)
     return pre
+
+
+def write_spm(model_dir: Path, tok: dict[str, Any], vocab_size: int | None, g: gguf.GGUFWriter) -> None:
+    """SentencePiece BPE saved as tokenizer.json (byte_fallback: Llama 2, Mistral v0.1-v0.3) -> llama.cpp's
+    'llama' tokenizer. Types as gguf's LlamaHfVocab gives them (<0xXX> BYTE, specials CONTROL, the unk token
+    UNKNOWN). Scores: llama.cpp merges the best-scoring pair first; SentencePiece's BPE pieces are stored in
+    merge order, so -id reproduces its ranking without the tokenizer.model file."""
+    import re
+    model = tok["model"]
+    tokens, types = base_vocab(tok, vocab_size)
+    unk = model.get("unk_token")
+    scores = []
+    for i, (t, ty) in enumerate(zip(tokens, types)):
+        if ty == gguf.TokenType.NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
+            types[i] = ty = gguf.TokenType.BYTE
+        elif ty == gguf.TokenType.NORMAL and t == unk:
+            types[i] = ty = gguf.TokenType.UNKNOWN
+        elif ty == gguf.TokenType.USER_DEFINED:
+            tokens[i] = t.replace(" ", "\u2581")  # SentencePiece text keeps its U+2581 spaces
+        scores.append(float(-i) if ty == gguf.TokenType.NORMAL else (-1000.0 if ty == gguf.TokenType.USER_DEFINED else 0.0))
+    g.add_tokenizer_model("llama")
+    g.add_tokenizer_pre("default")
+    g.add_token_list(tokens)
+    g.add_token_scores(scores)
+    g.add_token_types(types)
+    gguf.SpecialVocab(model_dir, n_vocab=len(tokens)).add_to_gguf(g)
 
 
 def write_wpm(model_dir: Path, tok: dict[str, Any], cfg: dict[str, Any], g: gguf.GGUFWriter) -> None:
