@@ -18,6 +18,8 @@ Differences from hqq, on purpose:
   which is what lets rows run in parallel and makes each block's result depend on that block only.
   The early-stop rule itself is hqq's: when a step does not lower the error the loop breaks,
   keeping the zero that step produced (one update past the last improving one).
+* The shrink is hqq 0.2.8's |x| - |x|^(p-1)/beta (older releases added 1e-8 inside the pow; both
+  give 0 at x = 0, the only place it matters).
 * The loop runs on s = 1 / fp16(scale) - the scale the block will store - and the final codes are
   chosen as the nearest grid point of the fp16 scale/zero read back from the block.
 * hqq 0.2.8's legacy loop never applies kappa (its v2 loop and the paper do); we apply it, and
