@@ -117,3 +117,21 @@ def test_smollm2_rebuilt_in_hf_layout_keeps_its_perplexity(tmp_path, tools, smol
     # Q4_1 -> HF float32 -> Q4_1 is the same model; F16 runs the same weights without Q4_1's q8_1 activations
     assert abs(results["converted Q4_1"] / results["source Q4_1"] - 1) < 0.005
     assert abs(results["converted F16"] / results["source Q4_1"] - 1) < 0.01
+
+
+def test_smollm2_hf_layout_matches_llamacpp_converter(tmp_path, convert_hf, smollm2):
+    # convert_hf_to_gguf.py reads our rebuilt tokenizer.json through transformers and hashes its output to
+    # name the pre-tokenizer: finding "smollm" also checks the rebuilt tokenizer tokenizes like the original
+    pytest.importorskip("sentencepiece")  # convert_hf_to_gguf.py imports it before falling back to tokenizer.json
+    hf = export_llama(smollm2, tmp_path / "hf", n_layers=2)
+    ref = run_convert_hf(convert_hf, hf, tmp_path / "ref.gguf", "f32")
+    ours = tmp_path / "ours.gguf"
+    assert main(["convert", str(hf), str(ours), "--outtype", "f32"]) == 0
+    a, b = GGUFFile(ref), GGUFFile(ours)
+    assert [t.name for t in sorted(a.tensors, key=lambda t: t.name)] == [t.name for t in sorted(b.tensors, key=lambda t: t.name)]
+    for t in a.tensors:
+        assert np.array_equal(b.tensor(t.name).raw_rows(), t.raw_rows()), t.name
+    ma, mb = a.metadata, b.metadata
+    assert ma["tokenizer.ggml.pre"] == "smollm"
+    diff = {k for k in set(ma) | set(mb) if ma.get(k) != mb.get(k) and not k.startswith("gguftool.")}
+    assert not diff, {k: (ma.get(k), mb.get(k)) for k in diff}

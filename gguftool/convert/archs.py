@@ -137,9 +137,12 @@ def write_hparams(arch: Arch, cfg: dict[str, Any], g: gguf.GGUFWriter, model_dir
         g.add_layer_norm_rms_eps(v)
     if (v := find(cfg, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))) is not None:
         g.add_layer_norm_eps(v)
-    if (v := cfg.get("head_dim")) is not None:
-        g.add_key_length(int(v))
-        g.add_value_length(int(v))
+    head_dim = cfg.get("head_dim")
+    if head_dim is None and arch.name == "llama" and cfg.get("num_attention_heads"):
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]  # transformers' LlamaConfig default, which convert_hf_to_gguf.py sees
+    if head_dim is not None:
+        g.add_key_length(int(head_dim))
+        g.add_value_length(int(head_dim))
     if arch.name == "llama":
         g.add_vocab_size(int(cfg["vocab_size"]))
         g.add_rope_dimension_count(int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]))

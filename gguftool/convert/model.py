@@ -39,7 +39,8 @@ class ConvertedTensor:
     shape: tuple[int, ...]
     type: TensorType
     load: Callable[[], np.ndarray]           # -> array in `type`'s numpy dtype, `shape`
-    source: str = ""                        # HF name(s), for messages
+    source: str = ""                        # HF name, for messages
+    st: STensor | None = None               # where the bytes come from (None: generated)
     _cache: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -69,6 +70,8 @@ class ConvertedTensor:
 
     def release(self) -> None:
         self._cache = None
+        if self.st is not None:
+            self.st.release()
 
 
 class HFModel:
@@ -140,7 +143,7 @@ class HFModel:
             if ttype is F32 and st.dtype != "F32":
                 a = _bf16_to_f32(a) if st.dtype == "BF16" else a.astype(np.float32)
             return a
-        return ConvertedTensor(gname, shape, ttype, load, st.name)
+        return ConvertedTensor(gname, shape, ttype, load, st.name, st)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name

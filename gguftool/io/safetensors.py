@@ -10,6 +10,7 @@ offsets relative to the end of the header.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,9 @@ class STensor:
     @property
     def n_elements(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def release(self) -> None:
+        self.file.release(self.begin, self.n_bytes)
 
     def array(self) -> np.ndarray:
         """The data, memory-mapped, in the stored dtype (BF16 as uint16 bits), shaped."""
@@ -97,6 +101,15 @@ class SafetensorsFile:
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         return self._map
+
+    def release(self, begin: int, n_bytes: int) -> None:
+        """Drop these pages from this process (they stay in the page cache), so converting a model keeps
+        resident memory near one tensor instead of growing to the whole checkpoint."""
+        mm = getattr(self._map, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or n_bytes <= 0:
+            return
+        start = begin // mmap.PAGESIZE * mmap.PAGESIZE
+        mm.madvise(mmap.MADV_DONTNEED, start, begin + n_bytes - start)
 
     def close(self) -> None:
         self._map = None
