@@ -201,6 +201,13 @@ def edits() -> list[Edit]:
              '    { "Q4_1",     LLAMA_FTYPE_MOSTLY_Q4_1,     " 4.78G, +0.4511 ppl @ Llama-3-8B",  },\n',
              "".join(f'    {{ "{t.name}", (llama_ftype) {t.id}, " {t.bpw:.2f} bpw, gguftool type {t.id}", }},\n'
                      for t in gtypes.CUSTOM_TYPES)),
+        # -fa auto already turns flash attention on for a quantized V cache (which needs it), but
+        # says so at INFO level, hidden by default: make it a visible warning
+        Edit("src/llama-context.cpp",
+             '            LLAMA_LOG_INFO("%s: enabling flash_attn since it is required for quantized V cache\\n", __func__);\n',
+             '            LLAMA_LOG_WARN("%s: enabling flash_attn since it is required for quantized V cache (%s)\\n", '
+             '__func__, ggml_type_name(params.type_v)); // gguftool: visible by default\n',
+             where="replace"),
         # build our kernels into ggml-base / ggml-cpu (after all backends are added)
         Edit("ggml/src/CMakeLists.txt", "target_link_libraries(ggml-base PRIVATE Threads::Threads)\n",
              "include(${CMAKE_CURRENT_SOURCE_DIR}/../../gguftool/gguftool.cmake) # gguftool kernels\n"),
