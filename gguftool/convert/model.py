@@ -23,7 +23,6 @@ from . import archs, vocab
 
 F32, F16, BF16 = (tensor_type(int(gguf.GGMLQuantizationType[n])) for n in ("F32", "F16", "BF16"))
 _BY_DTYPE = {"F32": F32, "F16": F16, "BF16": BF16}
-_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 # GGUF tensors convert_hf_to_gguf.py always stores as F32 (besides 1-D tensors, norms and biases)
 F32_NAMES = ("position_embd.weight", "token_types.weight")
 
