@@ -267,3 +267,14 @@ def test_report_json_has_no_nan(tmp_path):
     rec["cells"][1]["ppl"] = math.nan
     paths = report.write(rec, tmp_path / "out")
     json.loads(paths["json"].read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+
+def test_cli_rerender_recomputes_the_isolation(tmp_path):
+    from gguftool.cli import main
+    rec = _record(tmp_path)
+    rec["isolate"] = {"flags": [], "verdicts": {}, "scores": []}   # as if analysed by an older rule
+    rec["ok"] = True
+    report.write(rec, tmp_path / "out")
+    assert main(["validate", "--rerender", str(tmp_path / "out")]) == 1   # the K-side bug is found again
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["isolate"]["verdicts"] == {"tq3_0": "K"} and doc["ok"] is False

@@ -51,12 +51,16 @@ def add_parser(sub) -> None:
     p.add_argument("--bin-dir", help="use the llama.cpp tools in this folder instead of the managed build")
     p.add_argument("--build-arm64", action="store_true", help="build the static aarch64 tools (adb / qemu-arm64)")
     p.add_argument("--arm-arch", default=None, help="-march of the aarch64 build (default armv8.2-a+dotprod+fp16)")
+    p.add_argument("--rerender", metavar="DIR", help="rewrite DIR/report.md and plots from DIR/report.json "
+                   "(re-running the isolation analysis), without running anything")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per tool run (default 3600)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..validate import report, runners, session
+    if args.rerender:
+        return _rerender(Path(args.rerender))
     if args.build_arm64:
         from ..validate import cross
         kw = {"arch": args.arm_arch} if args.arm_arch else {}
@@ -96,4 +100,21 @@ def run(args) -> int:
     if iso:
         for f in iso["flags"]:
             print(f"{f['level']}: {f['message']}")
+    return 0 if rec["ok"] else 1
+
+
+def _rerender(out: Path) -> int:
+    import json
+
+    from ..validate import isolate, report
+    try:
+        rec = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError) as e:
+        raise GgufToolError(f"cannot read {out / 'report.json'}: {e}") from e
+    if rec.get("isolate") is not None:
+        rec["isolate"] = isolate.analyse([c for c in rec["cells"] if c["role"] != "reference-model"])
+        rec["ok"] = not any(c.get("failed") for c in rec["cells"]) and not any(
+            f["level"] == "bug" for f in rec["isolate"]["flags"])
+    paths = report.write(rec, out)
+    print(f"report: {paths['md']}  (JSON: {paths['json']})")
     return 0 if rec["ok"] else 1
