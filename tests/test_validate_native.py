@@ -93,9 +93,10 @@ def test_local_isolate_matches_hand_runs(local_bins, smollm2, tmp_path):
     for (k, v) in [("tq3_0", "f16"), ("q4_hqq", "tq3_0")]:
         ppl, kld = hand_kld(local_bins, smollm2, base, k, v)
         assert (ppl, kld) == (round(cells[(k, v)]["ppl"], 6), round(cells[(k, v)]["kld"], 6)), (k, v)
-    # the f16 logits file gives the f16 model its own PPL back in KL mode
+    # the f16 logits file gives the f16 model its own PPL back in KL mode (the file stores log-probs
+    # as 16-bit steps, so the self-divergence is ~1e-6, not exactly 0)
     ppl, kld = hand_kld(local_bins, smollm2, base, "f16", "f16")
-    assert kld == 0.0 and math.isclose(ppl, rec["reference"]["ppl"], rel_tol=1e-4)
+    assert kld < 1e-4 and math.isclose(ppl, rec["reference"]["ppl"], rel_tol=1e-4)
     # KV memory column: SmolLM2 30 layers x 3 KV heads x 64, tq3_0 = 14 B per 32 values
     assert cells[("tq3_0", "tq3_0")]["kv_bytes_per_token"] == 30 * 3 * 128 * 14 / 32
     # the sample is what llama-completion gives by hand with the same seed and flags
