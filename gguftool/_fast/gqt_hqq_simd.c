@@ -22,6 +22,7 @@ void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, s
 #if defined(__AVX2__)
 #define GQT_SIMD_AVX2 1
 #include <immintrin.h>
+#include <math.h>
 #elif defined(__ARM_NEON) && defined(__aarch64__)
 #define GQT_SIMD_NEON 1
 #include <arm_neon.h>
@@ -34,9 +35,19 @@ typedef char gqt_simd_assert_q4_hqq[sizeof(gqt_simd_q4_hqq) == GQT_Q4_HQQ_BYTES 
 typedef char gqt_simd_assert_q4_hqq_128[sizeof(gqt_simd_q4_hqq_128) == GQT_Q4_HQQ_128_BYTES ? 1 : -1];
 typedef char gqt_simd_assert_q8_1[sizeof(gqt_block_q8_1) == 36 ? 1 : -1];
 
+#if defined(GQT_SIMD_AVX2) && defined(GQT_GGML_FP16_TABLE)
+/* Inside ggml-cpu (the native build defines GQT_GGML_FP16_TABLE): ggml's exact fp16 -> fp32
+ * table, filled by ggml_cpu_init() before any vec_dot runs. A load instead of vcvtph2ps, which
+ * competes for the shuffle port with the nibble unpacking (~1.4x slower loop); the values are
+ * the same, so results do not change. */
+extern float ggml_table_f32_f16[1 << 16];
+#endif
+
 #if defined(GQT_SIMD_AVX2) || defined(GQT_SIMD_NEON)
 static inline float gqt_h2f(gqt_fp16 h) {
-#if defined(GQT_SIMD_AVX2) && defined(__F16C__)
+#if defined(GQT_SIMD_AVX2) && defined(GQT_GGML_FP16_TABLE)
+    return ggml_table_f32_f16[h];
+#elif defined(GQT_SIMD_AVX2) && defined(__F16C__)
     return _cvtsh_ss(h);            /* exact, like the portable conversion */
 #elif defined(GQT_SIMD_NEON)
     __fp16 f;
@@ -76,6 +87,15 @@ static inline __m256 gqt_fmadd(__m256 a, __m256 b, __m256 c) {
 #endif
 }
 
+/* acc + a*b: one fused op where the CPU has FMA (our files build with -ffp-contract=off) */
+static inline float gqt_fmaf(float a, float b, float acc) {
+#if defined(__FMA__)
+    return fmaf(a, b, acc);     /* a single vfmadd with -mfma; _mm_set_ss would add a shuffle to the loop-carried chain */
+#else
+    return acc + a * b;
+#endif
+}
+
 static inline float gqt_hsum_8(const __m256 x) {
     __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
@@ -112,17 +132,26 @@ void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_
     const gqt_simd_q4_hqq * x = (const gqt_simd_q4_hqq *) vx;
     const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
     const int nb = n / GQT_Q4_HQQ_BLOCK;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (int ib = 0; ib < nb; ++ib) {
-        const float sc = gqt_h2f(x[ib].scale);
-        summs += sc * gqt_h2f(x[ib].zero) * gqt_h2f(y[ib].s);
-        const __m256 d = _mm256_set1_ps(sc * gqt_h2f(y[ib].d));
-        const __m256i qx = gqt_nibbles_32(x[ib].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
-        acc = gqt_fmadd(d, gqt_mul_sum_us8(qx, qy), acc);
+    /* two independent accumulator pairs: the loop-carried adds, not the arithmetic, bound this loop */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float summs0 = 0.0f, summs1 = 0.0f;
+    int ib = 0;
+    for (; ib + 1 < nb; ib += 2) {
+        const float sc0 = gqt_h2f(x[ib].scale), sc1 = gqt_h2f(x[ib + 1].scale);
+        summs0 = gqt_fmaf(sc0 * gqt_h2f(x[ib].zero), gqt_h2f(y[ib].s), summs0);
+        summs1 = gqt_fmaf(sc1 * gqt_h2f(x[ib + 1].zero), gqt_h2f(y[ib + 1].s), summs1);
+        const __m256 d0 = _mm256_set1_ps(sc0 * gqt_h2f(y[ib].d));
+        const __m256 d1 = _mm256_set1_ps(sc1 * gqt_h2f(y[ib + 1].d));
+        acc0 = gqt_fmadd(d0, gqt_mul_sum_us8(gqt_nibbles_32(x[ib].qs), _mm256_loadu_si256((const __m256i *) y[ib].qs)), acc0);
+        acc1 = gqt_fmadd(d1, gqt_mul_sum_us8(gqt_nibbles_32(x[ib + 1].qs), _mm256_loadu_si256((const __m256i *) y[ib + 1].qs)), acc1);
     }
-    *s = gqt_hsum_8(acc) - summs;
+    for (; ib < nb; ++ib) {
+        const float sc = gqt_h2f(x[ib].scale);
+        summs0 = gqt_fmaf(sc * gqt_h2f(x[ib].zero), gqt_h2f(y[ib].s), summs0);
+        const __m256 d = _mm256_set1_ps(sc * gqt_h2f(y[ib].d));
+        acc0 = gqt_fmadd(d, gqt_mul_sum_us8(gqt_nibbles_32(x[ib].qs), _mm256_loadu_si256((const __m256i *) y[ib].qs)), acc0);
+    }
+    *s = gqt_hsum_8(_mm256_add_ps(acc0, acc1)) - (summs0 + summs1);
 #elif defined(GQT_SIMD_NEON)
     (void) bs; (void) bx; (void) by; (void) nrc;
     const gqt_simd_q4_hqq * x = (const gqt_simd_q4_hqq *) vx;
@@ -165,7 +194,7 @@ void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, s
         const float sc = gqt_h2f(x[ib].scale);
         const gqt_block_q8_1 * yb = y + 4 * ib;
         const float s8 = gqt_h2f(yb[0].s) + gqt_h2f(yb[1].s) + gqt_h2f(yb[2].s) + gqt_h2f(yb[3].s);
-        summs += sc * gqt_h2f(x[ib].zero) * s8;
+        summs = gqt_fmaf(sc * gqt_h2f(x[ib].zero), s8, summs);
         for (int k = 0; k < 4; ++k) {
             const __m256 d = _mm256_set1_ps(sc * gqt_h2f(yb[k].d));
             const __m256i qx = gqt_nibbles_32(x[ib].qs + 16 * k);

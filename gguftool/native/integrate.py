@@ -231,6 +231,9 @@ endif()
 # byte parity with the Python build: no FMA contraction in our files
 set_source_files_properties(${GQT_BASE_SOURCES} ${GQT_CPU_SOURCES}
     TARGET_DIRECTORY ggml-base ggml-cpu PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")
+# the SIMD dots may read ggml-cpu's fp16 -> fp32 table (exact, cheaper than vcvtph2ps)
+set_source_files_properties(${GQT_CPU_SOURCES}
+    TARGET_DIRECTORY ggml-cpu PROPERTIES COMPILE_DEFINITIONS "GQT_GGML_FP16_TABLE=1")
 
 # parity / SIMD check harness (gguftool/native/patches/gqt_check.c)
 add_executable(gguftool-check ${CMAKE_CURRENT_LIST_DIR}/gqt_check.c)

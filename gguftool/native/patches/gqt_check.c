@@ -13,7 +13,12 @@
  *       dequantized vectors in double precision; optionally writes both quantized rows
  *   gguftool-check validate TYPE FILE.q
  *       prints ggml_validate_row_data's verdict ("valid"/"invalid"), exit 0/3
+ *   gguftool-check speed N ROWS REPS TYPE...
+ *       thread CPU time of the registered vec_dot over a ROWS x N matrix (one activation row,
+ *       as in token generation), ns per row; CPU time, so other load on the machine does not
+ *       count (cache effects still do)
  */
+#define _POSIX_C_SOURCE 199309L
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "gqt_hqq.h"
@@ -21,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static enum ggml_type type_by_name(const char * name) {
     for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
@@ -154,6 +160,52 @@ static int cmd_validate(const char * tname, const char * path) {
     return ok ? 0 : 3;
 }
 
+static double thread_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+static int cmd_speed(long long n, long long rows, long long reps, int ntypes, char ** tnames) {
+    float * w = malloc((size_t) (n * rows) * sizeof(float));
+    float * a = malloc((size_t) n * sizeof(float));
+    uint64_t st = 0x853c49e6748fea9bull;
+    for (long long i = 0; i < n * rows; ++i) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (float) ((double) (st >> 11) / 9007199254740992.0 - 0.5) * 0.1f;
+    }
+    for (long long i = 0; i < n; ++i) {
+        a[i] = (float) ((i * 7919) % 1000) / 500.0f - 1.0f;
+    }
+    for (int k = 0; k < ntypes; ++k) {
+        const enum ggml_type t = type_by_name(tnames[k]);
+        const struct ggml_type_traits_cpu * cpu = ggml_get_type_traits_cpu(t);
+        const size_t rs = ggml_row_size(t, n);
+        char * q = malloc(rs * (size_t) rows);
+        ggml_quantize_chunk(t, w, q, 0, rows, n, NULL);
+        void * qa = malloc(ggml_row_size(cpu->vec_dot_type, n));
+        ggml_get_type_traits_cpu(cpu->vec_dot_type)->from_float(a, qa, n);
+        volatile float sink = 0.0f;
+        double best = 1e30;
+        for (long long r = 0; r < reps; ++r) {
+            const double t0 = thread_seconds();
+            for (long long i = 0; i < rows; ++i) {
+                float s;
+                cpu->vec_dot((int) n, &s, 0, q + (size_t) i * rs, 0, qa, 0, 1);
+                sink += s;
+            }
+            const double dt = thread_seconds() - t0;
+            if (dt < best) best = dt;
+        }
+        printf("%s %.2f\n", ggml_type_name(t), 1e9 * best / (double) rows);
+        free(q);
+        free(qa);
+    }
+    free(w);
+    free(a);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     ggml_cpu_init();
     if (argc == 2 && strcmp(argv[1], "types") == 0) return cmd_types();
@@ -161,7 +213,8 @@ int main(int argc, char ** argv) {
     if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], NULL, NULL);
     if (argc == 8 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6], argv[7]);
     if (argc == 4 && strcmp(argv[1], "validate") == 0) return cmd_validate(argv[2], argv[3]);
+    if (argc >= 6 && strcmp(argv[1], "speed") == 0) return cmd_speed(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), argc - 5, argv + 5);
     fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
-                    "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q\n");
+                    "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q | speed N ROWS REPS TYPE...\n");
     return 2;
 }
