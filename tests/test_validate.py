@@ -72,6 +72,26 @@ def test_parse_ppl_and_kld_from_llama_formats():
         "Final estimate: PPL = nan +/- nan")["ppl"]   # NaN survives as NaN, not as a number
 
 
+# kl_divergence()'s running table row (printed per chunk; the summary is skipped below 100 tokens)
+FMT_KLD_ROW = ("%4d" + "    %9.4lf ± %9.4lf" + "    %10.5lf ± %10.5lf" + "    %10.5lf ± %10.5lf"
+               + "    %6.3lf ± %6.3lf %%" + "    %6.3lf ± %6.3lf %%" + "\n")
+
+
+def test_parse_kld_short_run_uses_the_last_table_row():
+    rnd = random.Random(3)
+    rows, vals = [], None
+    for chunk in (1, 2, 3):
+        vals = [rnd.uniform(1, 300), rnd.uniform(0, 50), rnd.uniform(-1, 1), rnd.uniform(0, 1), rnd.uniform(0, 2),
+                rnd.uniform(0, 1), rnd.uniform(0, 30), rnd.uniform(0, 5), rnd.uniform(0, 100), rnd.uniform(0, 9)]
+        rows.append(FMT_KLD_ROW % (chunk, *vals))
+    log = ("kl_divergence: computing over 3 chunks\n\nchunk             PPL               ln(PPL(Q)/PPL(base))"
+           "          KL Divergence              Δp RMS            Same top p\n" + "".join(rows) + "\n\n")
+    got = metrics.parse_kld(log)
+    assert got["kld_source"] == "table" and got["chunks"] == 3
+    for name, v, digits in zip(metrics.KLD_ROW_NAMES, vals, (4, 4, 5, 5, 5, 5, 3, 3, 3, 3)):
+        assert _close(got[name], v, digits), name
+
+
 def test_parse_perf_and_bench_json():
     log = FMT_PROMPT % ("common_perf_print", 120.5, 19, 6.34, 157.68) + FMT_EVAL % ("common_perf_print", 410.0, 31, 13.2, 75.61)
     got = metrics.parse_perf(log)

@@ -55,15 +55,34 @@ def parse_ppl(log: str) -> dict | None:
     return {"ppl": _f(m.group(1)), "ppl_err": _f(m.group(2))} if m else None
 
 
+# one row of kl_divergence()'s running table: chunk, PPL, ln(PPL(Q)/PPL(base)), KLD, RMS dp %, same top %
+KLD_ROW_RE = re.compile(r"^\s*(\d+)" + (r"\s+" + _NUM + _PM + _NUM) * 3 + (r"\s+" + _NUM + _PM + _NUM + r"\s*%") * 2
+                        + r"\s*$", re.M)
+KLD_ROW_NAMES = ("ppl", "ppl_err", "ln_ppl_ratio", "ln_ppl_ratio_err", "kld", "kld_err", "rms_dp_pct",
+                 "rms_dp_pct_err", "same_top_p_pct", "same_top_p_pct_err")
+
+
 def parse_kld(log: str) -> dict | None:
-    """llama-perplexity --kl-divergence summary, or None when the summary is absent.
-    Percent fields stay in percent (as printed); KLD in nats."""
-    out: dict[str, float] = {}
+    """llama-perplexity --kl-divergence summary, or None when there is none.
+
+    llama-perplexity skips its summary below 100 scored tokens (ctx/2 x chunks); the running
+    table's last row holds the same cumulative means (PPL, ln ratio, KLD, RMS dp, same top),
+    so that row is used then ('kld_source': 'table'). Percent fields stay in percent; KLD in nats."""
+    out: dict = {}
     for rx, names in KLD_FIELDS.values():
         m = re.search(rx, log)
         if m:
             out.update({n: _f(g) for n, g in zip(names, m.groups())})
-    return out if "kld" in out else None
+    if "kld" in out:
+        out["kld_source"] = "summary"
+        return out
+    rows = KLD_ROW_RE.findall(log)
+    if not rows:
+        return None
+    out = {n: _f(g) for n, g in zip(KLD_ROW_NAMES, rows[-1][1:])}
+    out["kld_source"] = "table"
+    out["chunks"] = int(rows[-1][0])
+    return out
 
 
 def parse_peak_rss_kib(log: str) -> int | None:
