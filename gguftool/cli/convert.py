@@ -65,7 +65,7 @@ def plan_options(args) -> tuple[planning.Options, dict, dict]:
     """Options, solver parameters and record entries from the shared quantize arguments."""
     from .quantize import make_options, solver_params
     if args.type is None and not args.recipe:
-        from ..convert.job import DEFAULT_OUTTYPE
+        from ..pipeline.convert import DEFAULT_OUTTYPE
         args.type = DEFAULT_OUTTYPE
     opts, recipe = make_options(args)
     params = {**(recipe.solver if recipe else {}), **solver_params(args)}
@@ -84,7 +84,7 @@ def quiet_gguf_logs() -> None:
 
 def convert_dir(model_dir: Path, output: Path, args, record: dict[str, str] | None = None, name: str | None = None) -> int:
     from ..convert import open_model
-    from ..convert.job import convert, make_plan
+    from ..pipeline.convert import convert, make_plan
     from .quantize import print_plan
     quiet_gguf_logs()
     opts, params, rec = plan_options(args)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..pipeline import plan as planning
-from ..pipeline.quantize import run as run_pipeline
-from .model import F32_NAMES, HFModel
+from ..convert.model import F32_NAMES, HFModel
+from . import plan as planning
+from .quantize import run as run_pipeline
 
 DEFAULT_OUTTYPE = "F16"  # convert_hf_to_gguf.py's default
 
