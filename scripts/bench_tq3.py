@@ -98,19 +98,67 @@ def quality(codecs: dict, data: dict) -> dict:
     return res
 
 
-def scale_choice(rng: np.random.Generator, n_blocks: int) -> dict:
-    """Relative MSE on Gaussian blocks for the scale rules considered (numpy reference)."""
-    x = rng.standard_normal((n_blocks, 32)).astype(np.float32)
-    signs = np.array(tq3._NEG, dtype=np.float64) * -2 + 1
-    y = tq3.fwht(x * signs) / np.sqrt(32)
-    norm = np.linalg.norm(y, axis=1, keepdims=True)
-    c = np.array(tq3.CENTROIDS)
-    idx = np.searchsorted(np.array(tq3.BOUNDARIES), y * np.sqrt(32) / norm)
-    paper = (tq3.fwht(c[idx] * norm / np.sqrt(32)) / np.sqrt(32)) * signs   # TurboQuant: ||x|| / sqrt(d)
-    res = {"paper: scale ||y||/sqrt(32)": rel_mse(x, paper)}
-    for p in range(4):
-        name = f"least squares + {p} Lloyd pass{'es' if p != 1 else ''}" + (" (TQ3_0)" if p == tq3.REFINE_PASSES else "")
-        res[name] = rel_mse(x, tq3.dequantize_tq3_ref(tq3.quantize_tq3_ref(x, refine_passes=p)))
+SCALE_CANDIDATES = {   # name: (stored rule, Lloyd re-picks, rule the re-picks use)
+    "a  least squares + 2 re-picks (TQ3_0 <= v0.1)": ("ls", 2, "ls"),
+    "a0 least squares, no re-pick": ("ls", 0, "ls"),
+    "b0 norm ||y||/||c||, no re-pick (TurboQuant)": ("norm", 0, "ls"),
+    "b2 norm, indices from LS re-picks": ("norm", 2, "ls"),
+    "b2s norm + 2 re-picks against it": ("norm", 2, "norm"),
+    "c0 unbiased ||y||^2/<y,c>, no re-pick": ("unbiased", 0, "ls"),
+    "c2 unbiased, indices from LS re-picks": ("unbiased", 2, "ls"),
+    "c2s unbiased + 2 re-picks against it (TQ3_0)": ("unbiased", 2, "unbiased"),
+}
+
+
+def _scale_model(x: np.ndarray, rule: str, passes: int, repick: str) -> np.ndarray:
+    """Encode + decode in float64 with explicit matrices (independent of the kernels' butterflies;
+    only the scale is rounded to fp16): what a scale rule does, before any bit-exactness."""
+    h = np.array([[1.0]])
+    while h.shape[0] < 32:
+        h = np.block([[h, h], [h, -h]])
+    h /= np.sqrt(32)
+    sg = np.where(tq3._NEG, -1.0, 1.0)
+    c_, b_ = np.array(tq3.CENTROIDS), np.array(tq3.BOUNDARIES)
+    y = (x.reshape(-1, 32).astype(np.float64) * sg) @ h.T
+    n = np.maximum(np.linalg.norm(y, axis=1), 1e-300)
+
+    def scale(idx, r):
+        c = c_[idx]
+        s = ((y * c).sum(1) / (c * c).sum(1) if r == "ls" else n / np.linalg.norm(c, axis=1) if r == "norm"
+             else n * n / (y * c).sum(1))
+        return np.minimum(s, 65504).astype(np.float16).astype(np.float64)
+
+    idx = np.searchsorted(b_, y * np.sqrt(32) / n[:, None], side="right")
+    for _ in range(passes):
+        idx = np.searchsorted(b_, y / scale(idx, repick)[:, None], side="right")
+    return ((scale(idx, rule)[:, None] * c_[idx]) @ h.T * sg).reshape(x.shape)
+
+
+def scale_choice(rng: np.random.Generator, n: int) -> dict:
+    """Each candidate scale rule: relative MSE on Gaussian 32-blocks and on K-like head vectors,
+    and for unit q, k in d = 64/128 the score slope (<q, k_hat> on <q, k>, q correlated with k:
+    < 1 flattens the softmax) and |<q, k_hat> - <q, k>| (random q)."""
+    g = rng.standard_normal((n, 32))
+    kl = rng.standard_normal((n // 2, 64))
+    kl[:, [3, 17, 40]] *= 20.0
+    kl[:, 5] += 8.0
+    qk = {}
+    for d in (64, 128):
+        q = rng.standard_normal((n, d))
+        k = rng.standard_normal((n, d))
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        qk[d] = (q, k, k + rng.standard_normal((n, d)) / np.sqrt(d))
+    res = {}
+    for name, (rule, passes, repick) in SCALE_CANDIDATES.items():
+        row = {"rel_mse_gaussian": rel_mse(g, _scale_model(g, rule, passes, repick)),
+               "rel_mse_k_like": rel_mse(kl, _scale_model(kl, rule, passes, repick))}
+        for d, (q, k, qc) in qk.items():
+            kh = _scale_model(k, rule, passes, repick)
+            err = np.abs((q * kh).sum(1) - (q * k).sum(1))
+            row[f"d{d}_slope"] = float(np.polyfit((qc * k).sum(1), (qc * kh).sum(1), 1)[0])
+            row[f"d{d}_mean"], row[f"d{d}_p99"] = float(err.mean()), float(np.percentile(err, 99))
+        res[name] = row
     return res
 
 
@@ -272,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TQ3_0 on Gaussian blocks: {g:.5f} = {g / DISTORTION:.3f} x Lloyd-Max d=32 ({DISTORTION:.5f}); "
           f"paper: lower {PAPER_LOWER:.5f}, upper {PAPER_UPPER:.5f} (Gaussian Lloyd-Max {GAUSS_LLOYD_MAX})")
 
-    sc = scale_choice(rng, n_blocks // 4)
-    print("\nscale rule, Gaussian 32-blocks (relative MSE)")
+    sc = scale_choice(rng, n_blocks // 8)
+    print("\nscale rule (float64 model): relative MSE; d=64/128: score slope, |<q,k_hat>-<q,k>| mean / p99")
     for name, v in sc.items():
-        print(f"  {name:44s} {v:.5f}  ({v / DISTORTION:.3f} x Lloyd-Max)")
+        print(f"  {name:46s} gauss {v['rel_mse_gaussian']:.5f} k-like {v['rel_mse_k_like']:.5f}" +
+              "".join(f" | d{d} {v[f'd{d}_slope']:.4f} {v[f'd{d}_mean']:.4f} {v[f'd{d}_p99']:.4f}" for d in (64, 128)))
 
     ip = inner_product(codecs, rng, 5_000 if args.quick else 50_000)
     print("\n|<q, k_hat> - <q, k>| for random unit q, k")
@@ -310,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  WARNING: vec_dot checksums differ between the builds", file=sys.stderr)
 
     result = {"quality_rel_mse": qual, "inner_product_abs_error": {str(k): v for k, v in ip.items()},
-              "scale_rule_rel_mse": sc,
+              "scale_rules": sc,
               "upstream_rotation_rel_mse": {str(k): v for k, v in ur.items()},
               "values_per_second": sp, "native_c_values_per_second": nat,
               "reference": {"lloyd_max_d32": DISTORTION, "paper_upper_b3": PAPER_UPPER,

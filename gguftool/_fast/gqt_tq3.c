@@ -49,17 +49,30 @@ static inline void pick(const double * z, double r, uint8_t * idx) {
     }
 }
 
-/* least-squares scale of z on c[idx], in units of y = z / sqrt(32), as the fp16 it is stored as */
-static inline gqt_fp16 ls_scale(const double * z, const uint8_t * idx) {
+/* <z, c[idx]> and <c[idx], c[idx]>, summed in index order */
+static inline void moments(const double * z, const uint8_t * idx, double * zc, double * cc) {
     double num = 0.0, den = 0.0;
     for (int j = 0; j < QK; ++j) {
         const double c = gqt_tq3_centroids_d[idx[j]];
         num += z[j] * c;
         den += c * c;
     }
-    float s = (float) (num / den / GQT_TQ3_SQRT32);
+    *zc = num;
+    *cc = den;
+}
+
+/* a scale in units of z (= sqrt(32) * y) as the fp16 it is stored as */
+static inline gqt_fp16 to_fp16_scale(double sz) {
+    float s = (float) (sz / GQT_TQ3_SQRT32);
     if (s > FP16_MAX) s = FP16_MAX;  /* saturate rather than store inf */
     return gqt_fp32_to_fp16(s);
+}
+
+/* least-squares scale of z on c[idx]: the Lloyd passes pick the indices against it */
+static inline gqt_fp16 ls_scale(const double * z, const uint8_t * idx) {
+    double zc, cc;
+    moments(z, idx, &zc, &cc);
+    return to_fp16_scale(zc / cc);
 }
 
 static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
@@ -82,6 +95,12 @@ static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
         pick(z, s * GQT_TQ3_SQRT32, idx);  /* against the fp16 value the decoder will read */
         d = ls_scale(z, idx);
     }
+    /* the stored scale is the norm-preserving one, ||y|| / ||c[idx]|| (||x_hat|| = ||x||), on the
+     * indices the least-squares passes chose: the least-squares scale shrinks every attention logit
+     * by ~3% and cost the K cache perplexity; this one measured best (docs/tq3.md, "Scale") */
+    double zc, cc;
+    moments(z, idx, &zc, &cc);
+    d = to_fp16_scale(sqrt(n2 / cc));
     if ((d & 0x7FFF) == 0) return;  /* scale underflowed: the block decodes to zero, store the zero block */
     out->d = d;
     for (int g = 0; g < 4; ++g) {

@@ -1,8 +1,9 @@
 """TQ3_0: 3-bit Lloyd-Max codebook on a sign-flipped Walsh-Hadamard rotation of each 32-value block.
 
     y = H D x             (H: orthonormal 32x32 Hadamard, D: the committed sign pattern)
-    idx = nearest centroid of y * sqrt(32) / ||y||, then 2 Lloyd passes against the fp16 scale
-    s = <y, c[idx]> / <c[idx], c[idx]>   (least squares, stored as fp16)
+    idx = nearest centroid of y * sqrt(32) / ||y||, then 2 Lloyd passes against the fp16
+          least-squares scale <y, c[idx]> / <c[idx], c[idx]>
+    s = ||y|| / ||c[idx]||   (norm-preserving: ||x_hat|| = ||x||; stored as fp16)
     x_hat = D H (s c[idx])
 
 The C kernels (gguftool/_fast/gqt_tq3.c) do the work; the `_ref` functions here are numpy twins
@@ -126,21 +127,38 @@ def _pick(z: np.ndarray, r: np.ndarray) -> np.ndarray:
     return q
 
 
-def _ls_scale(z: np.ndarray, idx: np.ndarray) -> np.ndarray:
+def _moments(z: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     num = np.zeros(len(z))
     den = np.zeros(len(z))
     for j in range(QK):          # sequential, like the C loop
         c = _C64[idx[:, j]]
         num = num + z[:, j] * c
         den = den + c * c
-    with np.errstate(over="ignore"):
-        s = (num / den / _SQRT32).astype(np.float32)
+    return num, den
+
+
+def _to_fp16_scale(sz: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        s = (sz / _SQRT32).astype(np.float32)
     return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
 
 
-def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES) -> np.ndarray:
-    """numpy twin of quantize_tq3: identical bytes. `refine_passes` exists to measure the design
-    choice (scripts/bench_tq3.py); only the default matches the C kernel and the format's intent."""
+def _ls_scale(z: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    num, den = _moments(z, idx)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _to_fp16_scale(num / den)
+
+
+SCALE_RULES = ("norm", "ls", "unbiased")   # stored scale; the format uses "norm", the others are for tests
+
+
+def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES, scale: str = "norm") -> np.ndarray:
+    """numpy twin of quantize_tq3: identical bytes. `refine_passes` and `scale` (the rule for the
+    stored scale on the chosen indices: "norm", the format's ||y|| / ||c[idx]||; "ls", least squares,
+    the format before; "unbiased", ||y||^2 / <y, c[idx]>) exist to measure the design choice
+    (tests, scripts/bench_tq3.py); only the defaults match the C kernel."""
+    if scale not in SCALE_RULES:
+        raise GgufToolError(f"unknown TQ3_0 scale rule {scale!r}")
     x = _rows_f32(x)
     if not np.isfinite(x).all():
         raise _nonfinite_error(x)
@@ -157,6 +175,9 @@ def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES) -> np
         active = s > 0
         idx = np.where(active[:, None], _pick(z, s * _SQRT32), idx)
         d = np.where(active, _ls_scale(z, idx), d)
+    num, den = _moments(z, idx)
+    with np.errstate(divide="ignore", invalid="ignore"):   # zero blocks (n2 == 0) are dropped below
+        d = _to_fp16_scale({"norm": np.sqrt(n2 / den), "ls": num / den, "unbiased": n2 / num}[scale])
     keep = nz & ((d & 0x7FFF) != 0)
     out = np.zeros((len(z), BLOCK_BYTES), dtype=np.uint8)
     out[:, 0:2] = d.astype("<u2").view(np.uint8).reshape(-1, 2)
