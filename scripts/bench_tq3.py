@@ -99,14 +99,14 @@ def quality(codecs: dict, data: dict) -> dict:
 
 
 SCALE_CANDIDATES = {   # name: (stored rule, Lloyd re-picks, rule the re-picks use)
-    "a  least squares + 2 re-picks (TQ3_0 <= v0.1)": ("ls", 2, "ls"),
+    "a  least squares + 2 re-picks (until 2026-12-02)": ("ls", 2, "ls"),
     "a0 least squares, no re-pick": ("ls", 0, "ls"),
     "b0 norm ||y||/||c||, no re-pick (TurboQuant)": ("norm", 0, "ls"),
-    "b2 norm, indices from LS re-picks": ("norm", 2, "ls"),
+    "b2 norm, indices from LS re-picks (TQ3_0)": ("norm", 2, "ls"),
     "b2s norm + 2 re-picks against it": ("norm", 2, "norm"),
     "c0 unbiased ||y||^2/<y,c>, no re-pick": ("unbiased", 0, "ls"),
     "c2 unbiased, indices from LS re-picks": ("unbiased", 2, "ls"),
-    "c2s unbiased + 2 re-picks against it (TQ3_0)": ("unbiased", 2, "unbiased"),
+    "c2s unbiased + 2 re-picks against it": ("unbiased", 2, "unbiased"),
 }
 
 
