@@ -231,23 +231,29 @@ def test_q4_hqq_weights_run_in_llama_cpp(native, smollm2, q4_hqq_model, kv_ppl):
     assert ppl < 1.15 * base, (ppl, base)
 
 
-def test_llama_quantize_matches_gguftool_quantize(native, smollm2, tmp_path):
-    """llama-quantize's new Q4_HQQ file type and `gguftool quantize` write the same tensor bytes
-    (both dequantize the stock Q4_1 and run the shared HQQ kernel; --pure: no per-tensor mixing)."""
+@pytest.mark.parametrize("qtype", ["Q4_HQQ", "Q8_0", "Q4_0"])
+def test_llama_quantize_matches_gguftool_quantize(native, smollm2, tmp_path, qtype):
+    """llama-quantize and `gguftool quantize` write the same tensor bytes: for Q8_0/Q4_0 gguftool's
+    numpy path equals ggml's reference quantizers; for Q4_HQQ both run the shared HQQ kernel
+    (both dequantize the stock Q4_1; --pure: no per-tensor mixing)."""
     from gguftool.io.reader import GGUFFile
     lq, gt = tmp_path / "llama-quantize.gguf", tmp_path / "gguftool.gguf"
     r = subprocess.run([str(native.tool("llama-quantize")), "--allow-requantize", "--pure", str(smollm2), str(lq),
-                        "Q4_HQQ", "2"], capture_output=True, text=True, timeout=1200)
+                        qtype, "2"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-m", "gguftool", "quantize", str(smollm2), str(gt), "Q4_HQQ",
+    r = subprocess.run([sys.executable, "-m", "gguftool", "quantize", str(smollm2), str(gt), qtype,
                         "--allow-requantize", "--pure", "-t", "2"], capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = GGUFFile(lq), GGUFFile(gt)
     assert sorted(t.name for t in a.tensors) == sorted(t.name for t in b.tensors)
-    n_hqq = 0
+    n_target = 0
     for t in a.tensors:
         u = b.tensor(t.name)
         assert t.type.name == u.type.name, t.name
         assert np.array_equal(t.raw_rows(), u.raw_rows()), f"{t.name} ({t.type.name}) differs"
-        n_hqq += t.type.name == "Q4_HQQ"
-    assert n_hqq >= 200   # every matrix of the 30 layers
+        n_target += t.type.name == qtype
+    assert n_target >= 211   # every matrix of the 30 layers, and the embedding
+    if qtype != "Q4_HQQ":
+        # gguftool's standard-type file runs in llama.cpp: Q8_0 of a Q4_1-grid model is near lossless
+        ppl, base = perplexity(native, gt, "-fa", "on"), perplexity(native, smollm2, "-fa", "on")
+        assert math.isfinite(ppl) and ppl < (1.02 if qtype == "Q8_0" else 1.5) * base, (qtype, ppl, base)
