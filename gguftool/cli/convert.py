@@ -12,6 +12,7 @@ from ..errors import GgufToolError
 from ..io.writer import check_output_path
 from ..pipeline import plan as planning
 from . import formatter
+from .quantize import add_plan_args
 
 EXAMPLES = """examples:
   gguftool convert ./SmolLM2-135M-Instruct smol-f16.gguf                  # like convert_hf_to_gguf.py
@@ -26,26 +27,10 @@ input: config.json, tokenizer.json (+ tokenizer_config.json) and *.safetensors (
 
 
 def add_quant_args(p: argparse.ArgumentParser) -> None:
-    """The planning options `gguftool quantize` takes, under the same names (its make_options reads them)."""
-    p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
-    p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
-                   help="type for tensors whose GGUF name matches REGEX (repeatable, first match wins)")
-    p.add_argument("--output-tensor-type", metavar="TYPE", help="type for output.weight")
-    p.add_argument("--token-embedding-type", metavar="TYPE", help="type for token_embd.weight")
-    p.add_argument("--pure", action="store_true", help="no mixing: every quantizable tensor gets the type")
-    p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight in the checkpoint's precision")
-    p.add_argument("--dry-run", action="store_true", help="print the per-tensor plan and the size; write nothing")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format of --dry-run")
-    p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
+    """quantize's planning options; a float checkpoint is never "already quantized"."""
+    add_plan_args(p)
     p.add_argument("--tokenizer-pre", metavar="NAME",
                    help="llama.cpp pre-tokenizer name, when gguftool does not recognise tokenizer.json's")
-    s = p.add_argument_group("HQQ solver (Q4_HQQ, Q4_HQQ_128; Q4_1/Q5_1 with --solver hqq)")
-    s.add_argument("--solver", choices=("ref", "hqq"), help="for Q4_1/Q5_1: llama.cpp's reference (default) or HQQ")
-    s.add_argument("--hqq-iters", type=int, help="proximal iterations")
-    s.add_argument("--hqq-lp-norm", type=float, help="p of the lp-norm shrinkage")
-    s.add_argument("--hqq-beta", type=float, help="initial beta")
-    s.add_argument("--hqq-kappa", type=float, help="beta growth per iteration")
-    s.add_argument("--hqq-scale-search", type=int, help="scale candidates to try (0 = plain HQQ)")
     p.set_defaults(allow_requantize=True)
 
 

@@ -33,28 +33,34 @@ def add_parser(sub) -> None:
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     p.add_argument("type", nargs="?", help="target type for the weight tensors (default: the recipe's)")
-    p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
+    p.add_argument("--allow-requantize", action="store_true", help="allow input tensors that are already quantized")
     p.add_argument("--target-bpw", type=float, metavar="X",
                    help="choose per-tensor types from the recipe's allowed set to meet X bits per weight")
     p.add_argument("--target-size", metavar="SIZE", help="like --target-bpw, for a file size such as 1.0GB")
-    p.add_argument("--allow-requantize", action="store_true", help="allow input tensors that are already quantized")
+    add_plan_args(p)
+    p.set_defaults(func=run)
+
+
+def add_plan_args(p) -> None:
+    """The planning options of quantize, shared by convert and hub under the same names."""
+    p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
     p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
-                   help="type for tensors whose name matches REGEX (repeatable, first match wins)")
+                   help="type for tensors whose GGUF name matches REGEX (repeatable, first match wins)")
     p.add_argument("--output-tensor-type", metavar="TYPE", help="type for output.weight")
     p.add_argument("--token-embedding-type", metavar="TYPE", help="type for token_embd.weight")
     p.add_argument("--pure", action="store_true", help="no mixing: every quantizable tensor gets TYPE")
     p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
     p.add_argument("--dry-run", action="store_true", help="print the per-tensor plan and the size; write nothing")
-    p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format of --dry-run")
+    p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
     s = p.add_argument_group("HQQ solver (Q4_HQQ, Q4_HQQ_128; Q4_1/Q5_1 with --solver hqq)")
     s.add_argument("--solver", choices=("ref", "hqq"), help="for Q4_1/Q5_1: llama.cpp's reference (default) or HQQ")
     s.add_argument("--hqq-iters", type=int, help="proximal iterations (default 20)")
     s.add_argument("--hqq-lp-norm", type=float, help="p of the lp-norm shrinkage (default 0.7)")
     s.add_argument("--hqq-beta", type=float, help="initial beta (default 10)")
     s.add_argument("--hqq-kappa", type=float, help="beta growth per iteration (default 1.01)")
-    s.add_argument("--hqq-scale-search", type=int, help="scale candidates to try (0 = plain HQQ, min-max scale)")
-    p.set_defaults(func=run)
+    s.add_argument("--hqq-scale-search", type=int,
+                   help="0 = plain HQQ (min-max scale); n = also try 2n scales and refit (default 1)")
 
 
 def solver_params(args) -> dict:
