@@ -23,7 +23,8 @@ from .reader import GGUFFile, TensorType
 
 def check_output_path(out: Path, inputs: list[Path]) -> None:
     for src in inputs:
-        if out.exists() and src.exists() and os.path.samefile(out, src) or out.resolve() == src.resolve():
+        same_file = out.exists() and src.exists() and os.path.samefile(out, src)
+        if same_file or out.resolve() == src.resolve():
             raise GgufToolError(f"{out}: output path is the input file", hint="choose another output name")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
