@@ -18,15 +18,37 @@ from gguftool.io.reader import GGUFFile
 from .conftest import tiny_llama
 
 
+def _start(src, out):
+    return subprocess.Popen([sys.executable, "-m", "gguftool", "quantize", str(src), str(out), "Q5_1", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_for_temporary(p, out, limit=60.0) -> float:
+    """Seconds until the writer's temporary file appears (writing has begun)."""
+    t0 = time.monotonic()
+    while not list(out.parent.glob(f".{out.name}.*.tmp")) and p.poll() is None:
+        if time.monotonic() - t0 > limit:
+            raise AssertionError("quantize never started writing")
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
 def test_sigkill_at_random_points(tmp_path):
     rng = np.random.default_rng(3)
     src = tiny_llama(tmp_path / "in.gguf", rng, n_embd=512, n_ff=1536, n_vocab=256, n_layer=4)
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     out = tmp_path / "out.gguf"
+    # one undisturbed run: how long the write phase lasts, so the kills land inside it
+    p = _start(src, out)
+    _wait_for_temporary(p, out)
+    t_write = time.monotonic()
+    assert p.wait() == 0
+    write_seconds = time.monotonic() - t_write
+    out.unlink()
     outcomes = set()
-    for delay in np.random.default_rng(11).uniform(0.3, 4.0, size=8):
-        p = subprocess.Popen([sys.executable, "-m", "gguftool", "quantize", str(src), str(out), "Q5_1", "-t", "1"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for delay in np.random.default_rng(11).uniform(0.0, 0.9 * write_seconds, size=6):
+        p = _start(src, out)
+        _wait_for_temporary(p, out)
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
         p.wait()

@@ -62,8 +62,19 @@ def sha256_file(path: Path, _cache: dict = {}) -> str:  # noqa: B006 - deliberat
     return _cache[key]
 
 
+GNU_TIME = Path("/usr/bin/time")
+
+
 def _wait_rss(argv: list[str], env: dict, cwd: Path, out: Path, err: Path, timeout: float | None) -> tuple[int, int]:
-    """Run argv with stdout/stderr into files; (rc, peak RSS KiB) from wait4 of that child."""
+    """Run argv with stdout/stderr into files; (rc, peak RSS KiB).
+
+    A child forked from this (possibly large) Python process inherits its memory high-water mark at
+    exec, so wait4's ru_maxrss can report the parent's size. GNU time forks the program from a small
+    process and reports it correctly; wait4 is the fallback where it is missing."""
+    rss_file = out.with_name(out.name + ".maxrss")
+    timed = GNU_TIME.is_file()
+    if timed:
+        argv = [str(GNU_TIME), "-f", "%M", "-o", str(rss_file), *argv]
     with open(out, "wb") as fo, open(err, "wb") as fe:
         try:
             p = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
@@ -80,6 +91,11 @@ def _wait_rss(argv: list[str], env: dict, cwd: Path, out: Path, err: Path, timeo
             if timer:
                 timer.cancel()
         p.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
+    if timed:
+        try:
+            return p.returncode, int(rss_file.read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass  # killed before time wrote its line
     return p.returncode, int(ru.ru_maxrss)
 
 
