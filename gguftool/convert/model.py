@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from ..errors import GgufToolError
-from ..io.reader import TensorType, tensor_type
+from ..io.reader import RowShape, TensorType, tensor_type
 from ..io.safetensors import FLOAT_DTYPES, Checkpoint, STensor
 from . import archs, vocab
 
@@ -32,7 +32,7 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class ConvertedTensor:
+class ConvertedTensor(RowShape):
     """One GGUF tensor made from checkpoint data; duck-types io.reader.Tensor for the pipeline."""
     name: str
     shape: tuple[int, ...]
@@ -41,18 +41,6 @@ class ConvertedTensor:
     source: str = ""                        # HF name, for messages
     st: STensor | None = None               # where the bytes come from (None: generated)
     _cache: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def n_per_row(self) -> int:
-        return self.shape[-1]
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_elements // self.shape[-1]
 
     @property
     def n_bytes(self) -> int:

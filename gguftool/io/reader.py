@@ -67,18 +67,13 @@ def tensor_type(type_id: int, where: str = "") -> TensorType:
     return TensorType(int(t), t.name, block, size, False)
 
 
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int, ...]      # numpy order: (..., rows, n_per_row); GGUF's ne reversed
-    type: TensorType
-    offset: int                 # absolute file offset of the data
-    n_bytes: int
-    data: np.ndarray            # memory-mapped: typed for plain types, uint8 [.., rows, row_bytes] for blocks
+class RowShape:
+    """Row geometry of anything with a numpy-order `shape`: the pipeline works row by row."""
+    shape: tuple[int, ...]
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def n_per_row(self) -> int:
@@ -87,6 +82,16 @@ class Tensor:
     @property
     def n_rows(self) -> int:
         return self.n_elements // self.shape[-1]
+
+
+@dataclass(frozen=True)
+class Tensor(RowShape):
+    name: str
+    shape: tuple[int, ...]      # numpy order: (..., rows, n_per_row); GGUF's ne reversed
+    type: TensorType
+    offset: int                 # absolute file offset of the data
+    n_bytes: int
+    data: np.ndarray            # memory-mapped: typed for plain types, uint8 [.., rows, row_bytes] for blocks
 
     def raw_rows(self) -> np.ndarray:
         """The data as uint8 [rows, row_bytes]."""
