@@ -15,7 +15,7 @@ extensions = [
         f"gguftool._fast.{pyx.stem}",
         sources=[str(pyx), *sorted(glob(str(FAST / f"gqt{pyx.stem}*.c")))],
         include_dirs=[str(FAST), np.get_include()],
-        extra_compile_args=["-O2", "-std=c99", "-fno-fast-math"],
+        extra_compile_args=["-O2", "-std=c99", "-fno-fast-math", "-ffp-contract=off"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for pyx in sorted(FAST.glob("_*.pyx"))

@@ -1,10 +1,11 @@
-/* HQQ solver and Q4_HQQ / Q4_HQQ_128 kernels (scalar reference). The math, and why it differs from
+/* HQQ solver and Q4_HQQ / Q4_HQQ_128 kernels. The math, and why it differs from
  * hqq's torch code, is documented in gguftool/quant/hqq.py, whose numpy reference this file
  * matches byte for byte: same float32 operations in the same order, sequential sums, rounding
  * half-to-even of the clamped value, the shrink's pow in double through libm. */
 #include "gqt_hqq.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -48,7 +49,7 @@ void gqt_hqq_default_params(gqt_hqq_params * p) {
 
 static int params_ok(const gqt_hqq_params * p) {
     return p->lp_norm > 0.0f && p->lp_norm <= 1.0f && p->beta > 0.0f && isfinite(p->beta) &&
-           p->kappa >= 1.0f && isfinite(p->kappa) && p->iters >= 0 && p->iters <= 1000 &&
+           p->kappa >= 1.0f && isfinite(p->kappa) && p->iters >= 0 && p->iters <= GQT_HQQ_ITERS_MAX &&
            (p->early_stop == 0 || p->early_stop == 1) &&
            p->scale_search >= 0 && p->scale_search <= GQT_HQQ_SCALE_SEARCH_MAX;
 }
@@ -69,135 +70,389 @@ static inline float shrink_lp(float r, double beta, double pm1, double live_min)
     return d > 0.0f ? copysignf(d, r) : 0.0f;
 }
 
-/* hqq's proximal loop for the zero of one block with inverse scale s; returns the final zero. */
-static float solve_zero(const float * W_f, int G, float s, float z, float qmax, const gqt_hqq_params * p) {
-    double beta = (double) p->beta;
-    const double kappa = (double) p->kappa;
-    const double pm1 = (double) p->lp_norm - 1.0;
-    const float Gf = (float) G;
-    float best = INFINITY;
-    for (int it = 0; it < p->iters; it++) {
-        const double live_min = pow(1.0 / beta, 1.0 / (1.0 - pm1)) * (1.0 - 1e-4);
-        float zsum = 0.0f, esum = 0.0f;
-        for (int j = 0; j < G; j++) {
-            const float W_q = round_clamped(W_f[j] * s + z, qmax);
-            const float W_r = (W_q - z) / s;
-            const float r = W_f[j] - W_r;
-            const float W_e = shrink_lp(r, beta, pm1, live_min);
-            zsum += W_q - (W_f[j] - W_e) * s;
-            esum += fabsf(r);
-        }
-        const float err = esum / Gf;
-        z = zsum / Gf;   /* hqq keeps the zero of the step that did not improve */
-        if (p->early_stop) {
-            if (err < best) best = err;
-            else break;
-        }
-        beta *= kappa;
-    }
-    return z;
+static int all_finite(const float * x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
 }
 
-/* Codes nearest to x on the grid of the stored fp16 pair; returns the block's squared error. */
-static float encode(const float * W_f, int G, float qmax, int stock, uint16_t a, uint16_t b, uint8_t * q) {
-    const float sc = gqt_fp16_to_fp32(a), bb = gqt_fp16_to_fp32(b);
-    float sq = 0.0f;
+/* ------------------------------------------------------------------ lane engine
+ * Blocks are independent, and every block's sums run left to right (the order numpy's reference
+ * uses), so SIMD goes across blocks, never inside one: lane l of an 8-wide vector works on its own
+ * block, element j of that block at X[8*j + l]. Each lane performs exactly the scalar operations
+ * of the reference in the same order, so the bytes do not depend on the vector width. Written with
+ * GCC/clang vector extensions: AVX (via target_clones) or SSE2 on x86, NEON on arm64. */
+#define LANES 8
+#define GMAX 128
+typedef float   vf __attribute__((vector_size(4 * LANES)));
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define GQT_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define GQT_MULTIVERSION
+#endif
+
+/* Macros rather than functions: vectors never cross a call (no ABI questions without AVX). */
+#define VSPLAT(v) ((vf) {(v), (v), (v), (v), (v), (v), (v), (v)})
+#define VSEL(m, a, b) ((vf) (((m) & (vi) (a)) | (~(m) & (vi) (b))))
+#define VABS(v) ((vf) ((vi) (v) & (vi) {0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, \
+                                        0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF}))
+#define VLOAD(dst, p) memcpy(&(dst), (p), sizeof(vf))
+#define VSTORE(p, v) memcpy((p), &(v), sizeof(vf))
+/* round_clamped, lane by lane, in place */
+#define VROUND_CLAMPED(v, qmax) do { \
+        (v) = VSEL((v) < VSPLAT(0.0f), VSPLAT(0.0f), (v)); \
+        (v) = VSEL((v) > VSPLAT(qmax), VSPLAT(qmax), (v)); \
+        (v) = ((v) + VSPLAT(12582912.0f)) - VSPLAT(12582912.0f); \
+    } while (0)
+
+/* Lane l of X takes src[0..G) (src NULL: zeros, an idle lane). */
+static void load_lane(float * X, int l, const float * src, int G) {
+    for (int j = 0; j < G; j++) X[LANES * j + l] = src ? src[j] : 0.0f;
+}
+
+/* beta and the shrink's threshold at each step, filled lazily: most blocks stop within a few steps. */
+typedef struct {
+    double beta[GQT_HQQ_ITERS_MAX], live_min[GQT_HQQ_ITERS_MAX];
+    float thr[GQT_HQQ_ITERS_MAX];   /* largest float <= live_min: for float x, x > thr <=> x > live_min */
+    double kappa, pm1;
+    int n;
+} step_table;
+
+static void step_table_init(step_table * T, const gqt_hqq_params * p) {
+    T->beta[0] = (double) p->beta;
+    T->kappa = (double) p->kappa;
+    T->pm1 = (double) p->lp_norm - 1.0;
+    T->n = 0;
+}
+
+static void step_table_fill(step_table * T, int it) {
+    for (; T->n <= it; T->n++) {
+        const int k = T->n;
+        if (k > 0) T->beta[k] = T->beta[k - 1] * T->kappa;
+        T->live_min[k] = pow(1.0 / T->beta[k], 1.0 / (1.0 - T->pm1)) * (1.0 - 1e-4);
+        float f = (float) T->live_min[k];
+        if ((double) f > T->live_min[k]) f = nextafterf(f, 0.0f);
+        T->thr[k] = f;
+    }
+}
+
+/* One proximal step of one lane in plain scalar code, the shrink included: for the rare steps
+ * where some residual is large enough to survive the shrink. */
+static void step_scalar(const float * X, int l, int G, float s, float z, float qmax, const step_table * T,
+                        int it, float * zsum, float * esum) {
+    float zs = 0.0f, es = 0.0f;
     for (int j = 0; j < G; j++) {
-        float W_q, W_r;
-        if (stock) {
-            W_q = sc != 0.0f ? round_clamped((W_f[j] - bb) / sc, qmax) : 0.0f;
-            W_r = sc * W_q + bb;
-        } else {
-            W_q = sc != 0.0f ? round_clamped(W_f[j] / sc + bb, qmax) : 0.0f;
-            W_r = (W_q - bb) * sc;
-        }
-        const float d = W_f[j] - W_r;
-        sq += d * d;
-        q[j] = (uint8_t) W_q;
+        const float W_f = X[LANES * j + l];
+        const float W_q = round_clamped(W_f * s + z, qmax);
+        const float W_r = (W_q - z) / s;
+        const float r = W_f - W_r;
+        const float W_e = shrink_lp(r, T->beta[it], T->pm1, T->live_min[it]);
+        zs += W_q - (W_f - W_e) * s;
+        es += fabsf(r);
     }
-    return sq;
+    *zsum = zs;
+    *esum = es;
 }
 
-/* Least-squares refit of the stored pair to the chosen codes (x ~ A*q + C), like the inner step of
- * llama.cpp's make_qkx2_quants; the codes are then chosen again. Kept only while it lowers the
- * block's squared error `*best`; at most LS_ROUNDS rounds. Sums in float32, left to right. */
-#define LS_ROUNDS 2
-static void ls_refit(const float * x, int G, float qmax, int stock, uint16_t * a, uint16_t * b, uint8_t * q,
-                     float best) {
-    uint8_t qc[128];
-    const float n = (float) G;
-    for (int round = 0; round < LS_ROUNDS; round++) {
-        float sq = 0.0f, sqq = 0.0f, sx = 0.0f, sqx = 0.0f;
+typedef struct { const float * x; float s; float z; } zero_job;   /* z: start value in, result out */
+
+/* hqq's proximal loop for the zero of every job (a block and an inverse scale s):
+ *   W_q = rint(clamp(W_f*s + z)), W_r = (W_q - z)/s, W_e = shrink(W_f - W_r),
+ *   z = mean(W_q - (W_f - W_e)*s), beta *= kappa, stop when mean|W_f - W_r| stops falling
+ * (keeping that step's zero, as hqq does). A lane whose job stops takes the next job at once,
+ * so lanes never idle behind a slow block. */
+GQT_MULTIVERSION
+static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const gqt_hqq_params * p,
+                            step_table * T) {
+    float X[LANES * GMAX], s[LANES], z[LANES], best[LANES], thr[LANES], zs_a[LANES], es_a[LANES];
+    int it[LANES], job[LANES];
+    const float Gf = (float) G;
+    int next = 0, active = 0;
+    if (p->iters <= 0) return;
+    for (int l = 0; l < LANES; l++) {
+        job[l] = next < njobs ? next++ : -1;
+        load_lane(X, l, job[l] >= 0 ? jobs[job[l]].x : NULL, G);
+        s[l] = job[l] >= 0 ? jobs[job[l]].s : 1.0f;
+        z[l] = job[l] >= 0 ? jobs[job[l]].z : 0.0f;
+        best[l] = INFINITY;
+        it[l] = 0;
+        active += job[l] >= 0;
+    }
+    step_table_fill(T, 0);
+    while (active > 0) {
+        for (int l = 0; l < LANES; l++) thr[l] = job[l] >= 0 ? T->thr[it[l]] : INFINITY;
+        vf S, Z, TH, W_f, W_q, ar;
+        VLOAD(S, s);
+        VLOAD(Z, z);
+        VLOAD(TH, thr);
+        vf zs = VSPLAT(0.0f), es = VSPLAT(0.0f);
+        vi live = (vi) VSPLAT(0.0f);
         for (int j = 0; j < G; j++) {
-            const float qj = (float) q[j];
-            sq += qj;
-            sqq += qj * qj;
-            sx += x[j];
-            sqx += qj * x[j];
+            VLOAD(W_f, X + LANES * j);
+            W_q = W_f * S + Z;
+            VROUND_CLAMPED(W_q, qmax);
+            ar = VABS(W_f - (W_q - Z) / S);
+            live |= ar > TH;
+            zs += W_q - W_f * S;   /* W_e = 0 below the threshold: W_f - 0 is W_f */
+            es += ar;
         }
-        const float D = n * sqq - sq * sq;
-        if (!(D > 0.0f)) return;
-        const float A = (n * sqx - sq * sx) / D;
-        const float C = (sx - A * sq) / n;
-        const uint16_t na = gqt_fp32_to_fp16(A);
-        const float naf = gqt_fp16_to_fp32(na);
-        if (!(naf > 0.0f) || !isfinite(naf)) return;
-        const uint16_t nb = gqt_fp32_to_fp16(stock ? C : -C / naf);
-        if (!isfinite(gqt_fp16_to_fp32(nb))) return;
-        const float sqe = encode(x, G, qmax, stock, na, nb, qc);
-        if (!(sqe < best)) return;
-        best = sqe;
-        *a = na;
-        *b = nb;
-        memcpy(q, qc, (size_t) G);
+        VSTORE(zs_a, zs);
+        VSTORE(es_a, es);
+        for (int l = 0; l < LANES; l++) {
+            if (job[l] < 0) continue;
+            if (live[l]) step_scalar(X, l, G, s[l], z[l], qmax, T, it[l], &zs_a[l], &es_a[l]);
+            const float err = es_a[l] / Gf;
+            z[l] = zs_a[l] / Gf;
+            int done = 0;
+            if (p->early_stop) {
+                if (err < best[l]) best[l] = err;
+                else done = 1;
+            }
+            if (++it[l] >= p->iters) done = 1;
+            if (!done) {
+                step_table_fill(T, it[l]);
+                continue;
+            }
+            jobs[job[l]].z = z[l];
+            job[l] = next < njobs ? next++ : -1;
+            active -= job[l] < 0;
+            load_lane(X, l, job[l] >= 0 ? jobs[job[l]].x : NULL, G);
+            s[l] = job[l] >= 0 ? jobs[job[l]].s : 1.0f;
+            z[l] = job[l] >= 0 ? jobs[job[l]].z : 0.0f;
+            best[l] = INFINITY;
+            it[l] = 0;
+        }
     }
 }
 
-/* One block -> (a, b) fp16 pair and G codes. GQT_OK or GQT_ERR_RANGE. */
-static int solve_block(const float * x, const hqq_target * t, const gqt_hqq_params * p,
-                       uint16_t * a, uint16_t * b, uint8_t * q) {
+/* Lane by lane over one group of 8 blocks (XT: element j of lane l at XT[8*j + l]): the codes of
+ * each block on the grid of its stored fp16 pair, sc/bb = (scale, zero), or (d, m) for Q4_1/Q5_1
+ * (sc = 0: codes 0), and either the block's squared error (sq) or, for the least-squares refit,
+ * the sums of q, q^2, x and q*x (sums[0..3]), all left to right. */
+#define GRID_CODES(W_q, W_f) do { \
+        W_q = stock ? (W_f - BB) / SC : W_f / SC + BB; \
+        VROUND_CLAMPED(W_q, qmax); \
+        W_q = VSEL(nz, W_q, VSPLAT(0.0f)); \
+    } while (0)
+
+GQT_MULTIVERSION
+static void grid_group(const float * XT, int G, float qmax, int stock, const float * sc, const float * bb,
+                       float * sq, float (*sums)[LANES]) {
+    vf SC, BB, W_f, W_q;
+    VLOAD(SC, sc);
+    VLOAD(BB, bb);
+    const vi nz = SC != VSPLAT(0.0f);
+    if (sums == NULL) {
+        vf acc = VSPLAT(0.0f), d;
+        for (int j = 0; j < G; j++) {
+            VLOAD(W_f, XT + LANES * j);
+            GRID_CODES(W_q, W_f);
+            d = W_f - (stock ? SC * W_q + BB : (W_q - BB) * SC);
+            acc += d * d;
+        }
+        VSTORE(sq, acc);
+        return;
+    }
+    vf s_q = VSPLAT(0.0f), s_qq = s_q, s_x = s_q, s_qx = s_q;
+    for (int j = 0; j < G; j++) {
+        VLOAD(W_f, XT + LANES * j);
+        GRID_CODES(W_q, W_f);
+        s_q += W_q;
+        s_qq += W_q * W_q;
+        s_x += W_f;
+        s_qx += W_q * W_f;
+    }
+    VSTORE(sums[0], s_q);
+    VSTORE(sums[1], s_qq);
+    VSTORE(sums[2], s_x);
+    VSTORE(sums[3], s_qx);
+}
+
+/* The codes of one block (contiguous x) on the grid of its final pair: the same operations as
+ * grid_group, here across the block's elements (no sums involved). */
+GQT_MULTIVERSION
+static void block_codes(const float * x, int G, float qmax, int stock, float sc_f, float bb_f, uint8_t * q) {
+    const vf SC = VSPLAT(sc_f), BB = VSPLAT(bb_f);
+    const vi nz = SC != VSPLAT(0.0f);
+    vf W_f, W_q;
+    float c[LANES];
+    for (int j0 = 0; j0 < G; j0 += LANES) {
+        VLOAD(W_f, x + j0);
+        GRID_CODES(W_q, W_f);
+        VSTORE(c, W_q);
+        for (int l = 0; l < LANES; l++) q[j0 + l] = (uint8_t) c[l];
+    }
+}
+
+/* Per block: finite?, min and max, lane by lane over a group. */
+GQT_MULTIVERSION
+static void group_range(const float * XT, int G, float * mn, float * mx, int * finite) {
+    vf lo, hi, W_f;
+    vi fin = (vi) VSPLAT(0.0f) == (vi) VSPLAT(0.0f);
+    VLOAD(lo, XT);
+    hi = lo;
+    for (int j = 0; j < G; j++) {
+        VLOAD(W_f, XT + LANES * j);
+        fin &= (W_f - W_f) == VSPLAT(0.0f);   /* false for NaN and +-Inf */
+        lo = VSEL(W_f < lo, W_f, lo);
+        hi = VSEL(W_f > hi, W_f, hi);
+    }
+    VSTORE(mn, lo);
+    VSTORE(mx, hi);
+    for (int l = 0; l < LANES; l++) finite[l] = fin[l] != 0;
+}
+
+#define BATCH_VALUES 4096   /* values per batch: blocks of a batch are transposed once */
+#define BATCH_MAX (BATCH_VALUES / 32)
+#define CAND_MAX (1 + 2 * GQT_HQQ_SCALE_SEARCH_MAX)
+
+typedef struct {
+    float XT[BATCH_VALUES];                 /* the batch, in groups of 8 blocks (see grid_group) */
+    zero_job zj[CAND_MAX * BATCH_MAX];
+    int zj_index[CAND_MAX * BATCH_MAX];     /* candidate * nb + block of each zero job */
+    uint16_t cand_a[CAND_MAX * BATCH_MAX], cand_b[CAND_MAX * BATCH_MAX];
+    float mn[BATCH_MAX], mx[BATCH_MAX], best[BATCH_MAX];
+    uint16_t a[BATCH_MAX], b[BATCH_MAX];
+    int status[BATCH_MAX], refit[BATCH_MAX];
+    step_table steps;
+} workspace;
+
+enum { B_SOLVE = 1, B_CONST = 2 };   /* status: GQT_ERR_* (< 0), or what the block needs */
+static const uint8_t ZERO_CODES[GMAX];
+
+/* Least-squares refit of every solved block's pair to its codes (x ~ A*q + C), like the inner step
+ * of llama.cpp's make_qkx2_quants; the codes are then chosen again. Kept only while it lowers the
+ * block's squared error; at most LS_ROUNDS rounds. */
+#define LS_ROUNDS 2
+static void ls_refit(workspace * w, int nb, const hqq_target * t) {
+    const int G = t->group;
+    const float n = (float) G, qmax = (float) t->qmax;
+    float sc[LANES], bb[LANES], sq[LANES], sums[4][LANES];
+    uint16_t na[LANES], nbz[LANES];
+    for (int b = 0; b < nb; b++) w->refit[b] = w->status[b] == B_SOLVE;
+    for (int round = 0; round < LS_ROUNDS; round++) {
+        for (int g = 0; g * LANES < nb; g++) {
+            const float * XT = w->XT + (int64_t) g * LANES * G;
+            int any = 0;
+            for (int l = 0; l < LANES; l++) {
+                const int b = g * LANES + l;
+                const int on = b < nb && w->refit[b];
+                sc[l] = on ? gqt_fp16_to_fp32(w->a[b]) : 0.0f;
+                bb[l] = on ? gqt_fp16_to_fp32(w->b[b]) : 0.0f;
+                any |= on;
+            }
+            if (!any) continue;
+            grid_group(XT, G, qmax, t->stock, sc, bb, NULL, sums);
+            for (int l = 0; l < LANES; l++) {
+                const int b = g * LANES + l;
+                const int on = b < nb && w->refit[b];
+                sc[l] = 0.0f;
+                bb[l] = 0.0f;
+                if (!on) continue;
+                w->refit[b] = 0;
+                const float s_q = sums[0][l], s_qq = sums[1][l], s_x = sums[2][l], s_qx = sums[3][l];
+                const float D = n * s_qq - s_q * s_q;
+                if (!(D > 0.0f)) continue;
+                const float A = (n * s_qx - s_q * s_x) / D;
+                const float C = (s_x - A * s_q) / n;
+                na[l] = gqt_fp32_to_fp16(A);
+                const float naf = gqt_fp16_to_fp32(na[l]);
+                if (!(naf > 0.0f) || !isfinite(naf)) continue;
+                nbz[l] = gqt_fp32_to_fp16(t->stock ? C : -C / naf);
+                if (!isfinite(gqt_fp16_to_fp32(nbz[l]))) continue;
+                sc[l] = naf;
+                bb[l] = gqt_fp16_to_fp32(nbz[l]);
+                w->refit[b] = 1;
+            }
+            grid_group(XT, G, qmax, t->stock, sc, bb, sq, NULL);
+            for (int l = 0; l < LANES; l++) {
+                const int b = g * LANES + l;
+                if (b >= nb || !w->refit[b]) continue;
+                if (!(sq[l] < w->best[b])) { w->refit[b] = 0; continue; }
+                w->best[b] = sq[l];
+                w->a[b] = na[l];
+                w->b[b] = nbz[l];
+            }
+        }
+    }
+}
+
+/* nb blocks (x: contiguous) -> w->status, w->a, w->b. The candidates are the min-max inverse scale
+ * qmax/(max - min), then (qmax + r)/(max - min) for r in the scale-search steps; each gets hqq's
+ * zero loop, and the block keeps the candidate with the lowest squared error (ties: the earlier). */
+static void solve_batch(workspace * w, const float * x, int nb, const hqq_target * t, const gqt_hqq_params * p) {
     const int G = t->group;
     const float qmax = (float) t->qmax;
-    float mn = x[0], mx = x[0];
-    for (int j = 1; j < G; j++) {
-        if (x[j] < mn) mn = x[j];
-        if (x[j] > mx) mx = x[j];
-    }
-    mn = mn + 0.0f;   /* -0 -> +0: numpy's min/max may return either zero */
-    mx = mx + 0.0f;
-    if (mn == mx) {   /* constant block: scale = c, zero = -1, codes 0 (stock: d = m = c) */
-        const uint16_t c = gqt_fp32_to_fp16(mn);
-        if (!isfinite(gqt_fp16_to_fp32(c))) return GQT_ERR_RANGE;
-        *a = c;
-        *b = t->stock ? c : gqt_fp32_to_fp16(-1.0f);
-        memset(q, 0, (size_t) G);
-        return GQT_OK;
-    }
-    const float amn = fabsf(mn), amx = fabsf(mx);
-    const float zcap = ZERO_CAP / (amn > amx ? amn : amx);
-    const float cap = S_INV_CAP < zcap ? S_INV_CAP : zcap;
-    float best = INFINITY;
-    uint8_t qc[128];
-    for (int k = -1; k < 2 * p->scale_search; k++) {
-        const float r = k < 0 ? 0.0f : GQT_HQQ_SCALE_STEPS[k];
-        float s_inv = (qmax + r) / (mx - mn);
-        if (!(s_inv < cap)) s_inv = cap;   /* also catches +inf */
-        const uint16_t sh = gqt_fp32_to_fp16(1.0f / s_inv);
-        const float shf = gqt_fp16_to_fp32(sh);
-        if (!isfinite(shf)) return GQT_ERR_RANGE;
-        const float s = 1.0f / shf;
-        const float z = solve_zero(x, G, s, -mn * s, qmax, p);
-        const uint16_t zb = t->stock ? gqt_fp32_to_fp16(-(shf * z)) : gqt_fp32_to_fp16(z);
-        const float sq = encode(x, G, qmax, t->stock, sh, zb, qc);
-        if (sq < best) {
-            best = sq;
-            *a = sh;
-            *b = zb;
-            memcpy(q, qc, (size_t) G);
+    const int ngroups = (nb + LANES - 1) / LANES;
+    float sc[LANES], bb[LANES], sq[LANES];
+    int finite[LANES];
+    for (int g = 0; g < ngroups; g++) {
+        float * XT = w->XT + (int64_t) g * LANES * G;
+        for (int l = 0; l < LANES; l++) load_lane(XT, l, g * LANES + l < nb ? x + (int64_t) (g * LANES + l) * G : NULL, G);
+        group_range(XT, G, w->mn + g * LANES, w->mx + g * LANES, finite);
+        for (int l = 0; l < LANES && g * LANES + l < nb; l++) {
+            const int b = g * LANES + l;
+            w->best[b] = INFINITY;
+            if (!finite[l]) { w->status[b] = GQT_ERR_NONFINITE; continue; }
+            w->mn[b] = w->mn[b] + 0.0f;   /* -0 -> +0: numpy's min/max may return either zero */
+            w->mx[b] = w->mx[b] + 0.0f;
+            w->status[b] = B_SOLVE;
+            if (w->mn[b] == w->mx[b]) {   /* constant: scale = c, zero = -1, codes 0 (stock: d = m = c) */
+                const uint16_t c = gqt_fp32_to_fp16(w->mn[b]);
+                w->status[b] = isfinite(gqt_fp16_to_fp32(c)) ? B_CONST : GQT_ERR_RANGE;
+                w->a[b] = c;
+                w->b[b] = t->stock ? c : gqt_fp32_to_fp16(-1.0f);
+            }
         }
     }
-    if (p->scale_search > 0) ls_refit(x, G, qmax, t->stock, a, b, q, best);
-    return GQT_OK;
+    const int ncand = 1 + 2 * p->scale_search;
+    int nj = 0;
+    for (int k = 0; k < ncand; k++) {
+        const float r = k == 0 ? 0.0f : GQT_HQQ_SCALE_STEPS[k - 1];
+        for (int b = 0; b < nb; b++) {
+            if (w->status[b] != B_SOLVE) continue;
+            const float mn = w->mn[b], mx = w->mx[b];
+            const float amn = fabsf(mn), amx = fabsf(mx);
+            const float zcap = ZERO_CAP / (amn > amx ? amn : amx);
+            const float cap = S_INV_CAP < zcap ? S_INV_CAP : zcap;
+            float s_inv = (qmax + r) / (mx - mn);
+            if (!(s_inv < cap)) s_inv = cap;   /* also catches +inf */
+            const uint16_t sh = gqt_fp32_to_fp16(1.0f / s_inv);
+            const float shf = gqt_fp16_to_fp32(sh);
+            if (!isfinite(shf)) { w->status[b] = GQT_ERR_RANGE; continue; }
+            const float s = 1.0f / shf;
+            w->cand_a[k * nb + b] = sh;
+            w->zj[nj] = (zero_job) {x + (int64_t) b * G, s, -mn * s};
+            w->zj_index[nj++] = k * nb + b;
+        }
+    }
+    solve_zero_jobs(w->zj, nj, G, qmax, p, &w->steps);
+    for (int i = 0; i < nj; i++) {
+        const int k = w->zj_index[i];
+        const float z = w->zj[i].z;
+        w->cand_b[k] = t->stock ? gqt_fp32_to_fp16(-(gqt_fp16_to_fp32(w->cand_a[k]) * z)) : gqt_fp32_to_fp16(z);
+    }
+    for (int k = 0; k < ncand; k++)   /* candidate by candidate: ties keep the earlier */
+        for (int g = 0; g < ngroups; g++) {
+            for (int l = 0; l < LANES; l++) {
+                const int b = g * LANES + l;
+                const int on = b < nb && w->status[b] == B_SOLVE;
+                sc[l] = on ? gqt_fp16_to_fp32(w->cand_a[k * nb + b]) : 0.0f;
+                bb[l] = on ? gqt_fp16_to_fp32(w->cand_b[k * nb + b]) : 0.0f;
+            }
+            grid_group(w->XT + (int64_t) g * LANES * G, G, qmax, t->stock, sc, bb, sq, NULL);
+            for (int l = 0; l < LANES; l++) {
+                const int b = g * LANES + l;
+                if (b < nb && w->status[b] == B_SOLVE && sq[l] < w->best[b]) {
+                    w->best[b] = sq[l];
+                    w->a[b] = w->cand_a[k * nb + b];
+                    w->b[b] = w->cand_b[k * nb + b];
+                }
+            }
+        }
+    if (p->scale_search > 0) ls_refit(w, nb, t);
 }
 
 static void put16(uint8_t * p, uint16_t v) { memcpy(p, &v, 2); }
@@ -237,29 +492,38 @@ static void unpack_block(const hqq_target * t, const uint8_t * in, uint8_t * q) 
     }
 }
 
-static int all_finite(const float * x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return 0;
-    return 1;
-}
-
 /* Quantize nblocks consecutive blocks. A failing block is written with NaN scale and zero and
  * codes 0; the first error code is returned. */
 static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, int64_t nblocks,
                            const gqt_hqq_params * p) {
-    int rc = GQT_OK;
-    uint8_t q[128];
-    for (int64_t i = 0; i < nblocks; i++) {
-        const float * xb = x + i * t->group;
-        uint16_t a = FP16_NAN, b = FP16_NAN;
-        int e = all_finite(xb, t->group) ? solve_block(xb, t, p, &a, &b, q) : GQT_ERR_NONFINITE;
-        if (e != GQT_OK) {
-            a = b = FP16_NAN;
-            memset(q, 0, sizeof q);
-            if (rc == GQT_OK) rc = e;
-        }
-        pack_block(t, a, b, q, y + i * (int64_t) t->bytes);
+    workspace * w = (workspace *) malloc(sizeof(workspace));
+    if (w == NULL) {
+        for (int64_t i = 0; i < nblocks; i++) pack_block(t, FP16_NAN, FP16_NAN, ZERO_CODES, y + i * (int64_t) t->bytes);
+        return GQT_ERR_NOMEM;
     }
+    step_table_init(&w->steps, p);
+    const int per_batch = BATCH_VALUES / t->group;
+    uint8_t q[GMAX];
+    int rc = GQT_OK;
+    for (int64_t b0 = 0; b0 < nblocks; b0 += per_batch) {
+        const int nb = nblocks - b0 < per_batch ? (int) (nblocks - b0) : per_batch;
+        const float * xb = x + b0 * t->group;
+        solve_batch(w, xb, nb, t, p);
+        for (int b = 0; b < nb; b++) {
+            uint8_t * out = y + (b0 + b) * (int64_t) t->bytes;
+            if (w->status[b] < 0) {
+                pack_block(t, FP16_NAN, FP16_NAN, ZERO_CODES, out);
+                if (rc == GQT_OK) rc = w->status[b];
+            } else if (w->status[b] == B_CONST) {
+                pack_block(t, w->a[b], w->b[b], ZERO_CODES, out);
+            } else {
+                block_codes(xb + (int64_t) b * t->group, t->group, (float) t->qmax, t->stock,
+                            gqt_fp16_to_fp32(w->a[b]), gqt_fp16_to_fp32(w->b[b]), q);
+                pack_block(t, w->a[b], w->b[b], q, out);
+            }
+        }
+    }
+    free(w);
     return rc;
 }
 

@@ -1,6 +1,7 @@
 /* HQQ quantizer: Q4_HQQ (32 values, 20 B), Q4_HQQ_128 (128 values, 68 B), and the same solver
- * writing ggml's stock Q4_1 / Q5_1 blocks. Scalar C99, the reference that numpy
- * (gguftool/quant/hqq.py: quantize_hqq_ref) matches byte for byte.
+ * writing ggml's stock Q4_1 / Q5_1 blocks. C99 with GCC/clang vector extensions (SIMD across
+ * blocks: 8 blocks per vector, each lane doing the scalar operations of the numpy reference,
+ * gguftool/quant/hqq.py: quantize_hqq_ref, which it matches byte for byte).
  *
  * Block layouts (little-endian):
  *   Q4_HQQ      fp16 scale, fp16 zero, 16 B: byte j = code j | code j+16 << 4   (Q4_1's packing)
@@ -27,7 +28,12 @@ extern "C" {
 
 #define GQT_HQQ_TARGET_Q4_1 3   /* GGML_TYPE_Q4_1 */
 #define GQT_HQQ_TARGET_Q5_1 7   /* GGML_TYPE_Q5_1 */
+#ifndef GQT_ERR_NOMEM
+#define GQT_ERR_NOMEM (-5)   /* the solver's workspace (~110 KiB) could not be allocated */
+#endif
+
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
+#define GQT_HQQ_ITERS_MAX 1000
 
 typedef struct {
     float lp_norm;     /* p of the shrink, 0 < p <= 1 (hqq: 0.7) */
