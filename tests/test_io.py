@@ -69,6 +69,33 @@ def test_round_trip_every_tensor_and_key(tmp_path, rng):
     assert rec == {"id": 512, "block_size": 32, "type_size": 20, "layout_version": 1}
 
 
+def test_bulk_metadata_equals_gguf_py(smollm2):
+    """Our reader reads metadata arrays in bulk and our writer packs them in bulk (gguf-py does both
+    element by element): the values must equal gguf.GGUFReader's for a real file (SmolLM2: 49k
+    tokens, scores, merges), and the packed bytes gguf.GGUFWriter's, for every array type and both
+    byte orders."""
+    from gguf import GGUFEndian, GGUFWriter
+    from gguftool.io.writer import _Writer
+    src = smollm2
+    ours, theirs = GGUFFile(src), GGUFReader(src)
+    assert list(ours.fields) == [k for k in theirs.fields if not k.startswith("GGUF.")]
+    for k, f in ours.fields.items():
+        assert (f.contents(), f.types) == (theirs.fields[k].contents(), theirs.fields[k].types), k
+    assert len(ours.get("tokenizer.ggml.tokens")) == 49152
+
+    V = GGUFValueType
+    rng = np.random.default_rng(3)
+    arrays = {V.UINT8: [0, 255, 7], V.INT8: [-128, 5], V.UINT16: [65535, 1], V.INT16: [-3, 3], V.UINT32: [2**32 - 1, 0],
+              V.INT32: [int(v) for v in rng.integers(-2**31, 2**31, 100)], V.FLOAT32: [float(v) for v in rng.standard_normal(50)],
+              V.UINT64: [2**64 - 1], V.INT64: [-2**63, 5], V.FLOAT64: [1e300, -0.0], V.BOOL: [True, False, True],
+              V.STRING: ["a", "", "h\u00e9llo", "\u2581tok" * 3, "\x00x", *ours.get("tokenizer.ggml.tokens")[:500]]}
+    for order in (GGUFEndian.LITTLE, GGUFEndian.BIG):
+        a, b = GGUFWriter(None, "x", endianess=order), _Writer(None, "x", endianess=order)
+        for t, v in arrays.items():
+            for with_type in (True, False):
+                assert b._pack_val(v, V.ARRAY, with_type, t) == a._pack_val(v, V.ARRAY, with_type, t), (t, order)
+
+
 def test_stock_reader_refuses_our_ids_but_reads_the_rest(tmp_path, rng):
     # Documents why gguftool has its own tensor step: gguf.GGUFReader raises on our ids.
     path = _write_custom(tmp_path / "c.gguf", {"w": ((4, 32), "Q4_HQQ", np.zeros((4, 20), np.uint8))})

@@ -10,7 +10,7 @@ cdef extern from "gqt_hqq.h" nogil:
         int iters
         int early_stop
         int scale_search
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_HQQ_SCALE_SEARCH_MAX
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM, GQT_HQQ_SCALE_SEARCH_MAX
     int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                               const gqt_hqq_params * p)
     int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row)
@@ -29,7 +29,7 @@ cdef extern from "gqt_hqq.h" nogil:
     void gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k)
     void gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k)
 
-ERRORS = {GQT_ERR_NONFINITE: "NONFINITE", GQT_ERR_SHAPE: "SHAPE", GQT_ERR_RANGE: "RANGE", GQT_ERR_PARAM: "PARAM"}
+ERRORS = {GQT_ERR_NONFINITE: "NONFINITE", GQT_ERR_SHAPE: "SHAPE", GQT_ERR_RANGE: "RANGE", GQT_ERR_PARAM: "PARAM", GQT_ERR_NOMEM: "NOMEM"}
 SCALE_SEARCH_MAX = GQT_HQQ_SCALE_SEARCH_MAX
 
 

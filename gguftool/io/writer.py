@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGUFEndian, GGUFValueType, GGUFWriter
 
 from .. import __version__
 from .. import types as registry
@@ -35,6 +35,29 @@ def check_output_path(out: Path, inputs: list[Path]) -> None:
         raise GgufToolError(f"{out}: is a directory")
 
 
+class _Writer(GGUFWriter):
+    """gguf.GGUFWriter that packs metadata arrays of scalars or strings in one numpy step (gguf-py
+    packs them element by element: about a second for a 262k-token vocabulary). Same bytes;
+    everything else, checks included, is gguf-py's."""
+
+    def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None) -> bytes:
+        fmt = self._simple_value_packing.get(sub_type) if sub_type is not None else None
+        if vtype != GGUFValueType.ARRAY or not len(val) or (fmt is None and sub_type != GGUFValueType.STRING):
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+        end = ">" if self.endianess == GGUFEndian.BIG else "<"
+        head = (self._pack("I", vtype) if add_vtype else b"") + self._pack("I", sub_type) + self._pack("Q", len(val))
+        if fmt is not None:
+            return head + np.asarray(val, dtype=np.dtype(end + fmt)).tobytes()
+        enc = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
+        lens = np.fromiter(map(len, enc), np.int64, len(enc))
+        out = np.empty(int(lens.sum()) + 8 * len(enc), np.uint8)
+        starts = np.cumsum(lens + 8) - lens - 8          # where each string's uint64 length goes
+        out[(starts[:, None] + np.arange(8)).ravel()] = lens.astype(end + "u8").view(np.uint8)
+        body = np.frombuffer(b"".join(enc), np.uint8)   # then its bytes, shifted past the lengths
+        out[np.arange(len(body)) + np.repeat(starts + 8 - (np.cumsum(lens) - lens), lens)] = body
+        return head + out.tobytes()
+
+
 class StreamingWriter:
     """Declare tensors with `add_tensor_info`, then `begin()`, then `write()` each in order, then `commit()`."""
 
@@ -42,7 +65,7 @@ class StreamingWriter:
         self.out = Path(out)
         self.tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}.tmp")
         _remove_stale_temporaries(self.out)
-        self._w = GGUFWriter(None, arch)
+        self._w = _Writer(None, arch)
         self._custom_used: set[str] = set()
         self._order: list[tuple[str, int]] = []
 

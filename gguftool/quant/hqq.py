@@ -367,6 +367,7 @@ _C_ERRORS = {
     -2: "the row length does not fit the block size",
     -3: "a block's values are too large or too far apart for an fp16 scale/zero",
     -4: "an HQQ parameter is out of range",
+    -5: "out of memory for the solver's workspace",
 }
 
 
