@@ -155,3 +155,17 @@ def test_inspect_json(tmp_path, smollm2, capsys):
     assert info["types"]["Q4_1"]["tensors"] == 210 and info["types"]["Q8_0"]["tensors"] == 1
     assert abs(info["parameters"] - 134.5e6) < 0.1e6
     assert 5.7 < info["bits_per_weight"] < 5.8
+
+
+def test_f16_decoder_is_exact_for_every_pattern():
+    """F16 inputs are decoded by our C cast (numpy's is scalar and slow): all 65536 bit patterns
+    must give numpy's float32 bits (NaN stays NaN; its payload is not part of the contract)."""
+    from gguftool._fast import _convert  # noqa: F401  (built by the install: the C path, not numpy's fallback)
+    from gguftool.quant import codec
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    ours = codec("F16").dequantize(np.repeat(h[None, :], 3, axis=0).view(np.uint8))
+    ref = h.view(np.float16).astype(np.float32)
+    assert ours.shape == (3, 1 << 16) and ours.dtype == np.float32
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(ours[1]), nan)
+    assert np.array_equal(ours[1][~nan].view(np.uint32), ref[~nan].view(np.uint32))

@@ -54,6 +54,15 @@ static inline gqt_fp16 gqt_fp32_to_fp16(float f) {
     return (gqt_fp16) ((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT16_C(0x7E00) : nonsign));
 }
 
+/* Functions written with GCC/clang vector extensions get an AVX2 clone on x86-64 Linux (picked at
+ * load time; the default clone uses SSE2), since neither the wheel nor ggml-base is built with
+ * -march. Elsewhere (arm64: NEON is the baseline) they compile once. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define GQT_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define GQT_MULTIVERSION
+#endif
+
 /* Error codes returned by the row quantizers with explicit parameters. */
 #define GQT_OK 0
 #define GQT_ERR_NONFINITE (-1)   /* input holds NaN or +-Inf */

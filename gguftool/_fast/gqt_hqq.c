@@ -87,12 +87,6 @@ static int all_finite(const float * x, int64_t n) {
 typedef float   vf __attribute__((vector_size(4 * LANES)));
 typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define GQT_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define GQT_MULTIVERSION
-#endif
-
 /* Macros rather than functions: vectors never cross a call (no ABI questions without AVX). */
 #define VSPLAT(v) ((vf) {(v), (v), (v), (v), (v), (v), (v), (v)})
 #define VSEL(m, a, b) ((vf) (((m) & (vi) (a)) | (~(m) & (vi) (b))))

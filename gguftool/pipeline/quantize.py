@@ -11,6 +11,7 @@ from ..errors import GgufToolError
 from ..io.reader import GGUFFile, Tensor
 from ..io.writer import StreamingWriter
 from ..quant import Codec, codec
+from ..quant.parallel import map_row_ranges
 from .plan import Plan
 from .progress import bar
 
@@ -30,11 +31,12 @@ def dequantize_rows(src: GGUFFile, t: Tensor, r0: int, r1: int) -> np.ndarray:
 
 
 def quantize_tensor(src: GGUFFile, t: Tensor, out: Codec, threads: int, params: dict[str, Any], progress=None):
-    """Yields the output bytes of `t` chunk by chunk, as uint8 [rows, row_bytes]."""
+    """Yields the output bytes of `t` chunk by chunk, as uint8 [rows, row_bytes]. Each thread
+    decodes its own rows to float32 and quantizes them, so decoding runs in parallel too."""
     step = max(1, CHUNK_VALUES // t.n_per_row)
     p = solver_params(out, params)
-    for r0 in range(0, t.n_rows, step):
-        r1 = min(t.n_rows, r0 + step)
+
+    def rows(r0: int, r1: int) -> np.ndarray:
         x = dequantize_rows(src, t, r0, r1)
         bad = ~np.isfinite(x)
         if bad.any():
@@ -42,9 +44,13 @@ def quantize_tensor(src: GGUFFile, t: Tensor, out: Codec, threads: int, params: 
             raise GgufToolError(f"{src.path}: tensor {t.name!r} holds {x[r, c]} at row {r0 + r}, column {c}",
                                 hint="the model is broken; fix the source weights (no type can encode NaN/Inf)")
         try:
-            q = out.quantize(x, threads=threads, **p)
+            return out.quantize(x, threads=1, **p)
         except GgufToolError as e:
             raise GgufToolError(f"tensor {t.name!r}: {e.message}", e.hint) from None
+
+    for r0 in range(0, t.n_rows, step):
+        r1 = min(t.n_rows, r0 + step)
+        q = map_row_ranges(lambda a, b: rows(r0 + a, r0 + b), r1 - r0, threads)
         if progress is not None:
             progress.update((r1 - r0) * t.n_per_row * t.type.type_size // t.type.block_size)
         yield q
