@@ -487,7 +487,7 @@ static void unpack_block(const hqq_target * t, const uint8_t * in, uint8_t * q) 
 }
 
 /* Quantize nblocks consecutive blocks. A failing block is written with NaN scale and zero and
- * codes 0; the first error code is returned. */
+ * codes 0; returns GQT_ERR_NONFINITE if any block held NaN/Inf, else the first error code. */
 static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, int64_t nblocks,
                            const gqt_hqq_params * p) {
     workspace * w = (workspace *) malloc(sizeof(workspace));
@@ -507,7 +507,7 @@ static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, i
             uint8_t * out = y + (b0 + b) * (int64_t) t->bytes;
             if (w->status[b] < 0) {
                 pack_block(t, FP16_NAN, FP16_NAN, ZERO_CODES, out);
-                if (rc == GQT_OK) rc = w->status[b];
+                if (rc == GQT_OK || w->status[b] == GQT_ERR_NONFINITE) rc = w->status[b];
             } else if (w->status[b] == B_CONST) {
                 pack_block(t, w->a[b], w->b[b], ZERO_CODES, out);
             } else {
@@ -535,7 +535,6 @@ int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nro
     if (p == NULL) { gqt_hqq_default_params(&def); p = &def; }
     if (!params_ok(p)) return GQT_ERR_PARAM;
     if (n_per_row <= 0 || n_per_row % t.group || nrows < 0) return GQT_ERR_SHAPE;
-    if (!all_finite(src, nrows * n_per_row)) return GQT_ERR_NONFINITE;
     return quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), p);
 }
 

@@ -49,7 +49,7 @@ void gqt_hqq_default_params(gqt_hqq_params * p);
 
 /* target: GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, 3 (GGML_TYPE_Q4_1) or 7 (GGML_TYPE_Q5_1).
  * src: nrows x n_per_row floats; dst: nrows x row size bytes. Returns GQT_OK or GQT_ERR_*
- * (non-finite input is detected before anything is written). p == NULL: defaults. */
+ * (GQT_ERR_NONFINITE first when any block holds NaN/Inf). p == NULL: defaults. */
 int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                           const gqt_hqq_params * p);
 /* Decode any of the four targets (Q4_1/Q5_1 as ggml does: x = d*q + m). */

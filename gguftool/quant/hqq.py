@@ -136,7 +136,9 @@ def _target(target: str | int) -> tuple[str, int, int, int, int]:
     return (name, *TARGETS[name])
 
 
-def _check_input(x: np.ndarray, block: int, name: str) -> np.ndarray:
+def _check_input(x: np.ndarray, block: int, name: str, finite: bool = True) -> np.ndarray:
+    """Shape and dtype checks; and NaN/Inf unless `finite=False` (the C path finds those itself:
+    `_raise_nonfinite` then names the value)."""
     x = np.asarray(x)
     if x.ndim != 2:
         raise GgufToolError(f"{name} quantization needs a 2-D array of rows, got shape {x.shape}")
@@ -145,13 +147,17 @@ def _check_input(x: np.ndarray, block: int, name: str) -> np.ndarray:
     if x.shape[1] % block:
         raise GgufToolError(f"{name} needs rows of a multiple of {block} values, got {x.shape[1]}",
                             hint="keep this tensor in another type (e.g. F16 or Q8_0)")
-    bad = ~np.isfinite(x)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise GgufToolError(f"cannot quantize to {name}: non-finite value {x[r, c]} at row {r}, column {c} "
-                            f"({int(bad.sum())} non-finite values in all)",
-                            hint="the source tensor holds NaN/Inf; fix the model first")
+    if finite and not np.isfinite(x).all():
+        _raise_nonfinite(x, name)
     return np.ascontiguousarray(x)
+
+
+def _raise_nonfinite(x: np.ndarray, name: str) -> None:
+    bad = ~np.isfinite(x)
+    r, c = np.argwhere(bad)[0]
+    raise GgufToolError(f"cannot quantize to {name}: non-finite value {x[r, c]} at row {r}, column {c} "
+                        f"({int(bad.sum())} non-finite values in all)",
+                        hint="the source tensor holds NaN/Inf; fix the model first")
 
 
 # ----------------------------------------------------------------------------- numpy reference
@@ -377,7 +383,7 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     target: "Q4_HQQ", "Q4_HQQ_128", "Q4_1" or "Q5_1" (or their ggml ids). params: HQQParams fields."""
     from .parallel import map_rows
     name, tid, G, nbytes, _ = _target(target)
-    x = _check_input(x, G, name)
+    x = _check_input(x, G, name, finite=False)
     prm = HQQParams.make(**params)
     fast = _fast()
 
@@ -391,7 +397,12 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
 
     if x.shape[0] == 0:
         return np.empty((0, x.shape[1] // G * nbytes), np.uint8)
-    return map_rows(run, x, threads)
+    try:
+        return map_rows(run, x, threads)
+    except GgufToolError:
+        if not np.isfinite(x).all():   # name the first bad value, as the numpy path does
+            _raise_nonfinite(x, name)
+        raise
 
 
 def dequantize_hqq(data: np.ndarray, target: str | int, *, impl: str = "c") -> np.ndarray:
