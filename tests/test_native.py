@@ -257,3 +257,22 @@ def test_llama_quantize_matches_gguftool_quantize(native, smollm2, tmp_path, qty
         # gguftool's standard-type file runs in llama.cpp: Q8_0 of a Q4_1-grid model is near lossless
         ppl, base = perplexity(native, gt, "-fa", "on"), perplexity(native, smollm2, "-fa", "on")
         assert math.isfinite(ppl) and ppl < (1.02 if qtype == "Q8_0" else 1.5) * base, (qtype, ppl, base)
+
+
+def test_gemma3_q4_hqq_weights_run_in_llama_cpp(native, gemma, tmp_path):
+    """End to end on a second real model, Gemma 3 270M (262k vocabulary, head dim 256, tied
+    embeddings): gguftool requantizes its Q4_K_M weights to Q4_HQQ and to Q4_0 (llama.cpp's
+    reference Q4_0, the stock 4-bit type without a zero) and llama.cpp runs all three files."""
+    files = {}
+    for qtype in ("Q4_HQQ", "Q4_0"):
+        files[qtype] = tmp_path / f"gemma-{qtype}.gguf"
+        r = subprocess.run([sys.executable, "-m", "gguftool", "quantize", str(gemma), str(files[qtype]), qtype,
+                            "--allow-requantize", "-t", "2"], capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stderr[-2000:]
+    base = perplexity(native, gemma, "-fa", "on", chunks=2)
+    hqq = perplexity(native, files["Q4_HQQ"], "-fa", "on", chunks=2)
+    q40 = perplexity(native, files["Q4_0"], "-fa", "on", chunks=2)
+    assert all(math.isfinite(v) for v in (base, hqq, q40)), (base, hqq, q40)
+    # requantizing 4-6 bit weights costs something; Q4_HQQ (scale + fp16 zero) must cost less
+    # than Q4_0 (scale only) and stay near the source (40 x 512 figures in docs/native.md)
+    assert hqq < q40 and hqq < 1.2 * base, (base, hqq, q40)

@@ -369,6 +369,10 @@ int main(int argc, char ** argv) {
 _TOOLCHAINS = {
     # what llama.cpp's x86 build does to the file: -O3 -march=native, contraction allowed
     "x86-native": (["gcc", "-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11"], []),
+    # llama.cpp's ggml-base and the Python wheel: baseline x86-64, AVX2 chosen at run time
+    "x86-baseline": (["gcc", "-O3", "-ffp-contract=fast", "-std=gnu11"], []),
+    # the portable scalar path (no SIMD at all)
+    "x86-scalar": (["gcc", "-O3", "-ffp-contract=fast", "-std=gnu11", "-DGQT_NO_RUNTIME_AVX2"], []),
     # clang (Android NDK, macOS): its default -ffp-contract=on obeys the file's STDC pragma
     # (clang's -ffp-contract=fast would ignore every pragma: the native build must not pass it)
     "clang-native": ([next((c for c in ("clang", *(f"clang-{v}" for v in range(14, 21))) if shutil.which(c)), "clang"),

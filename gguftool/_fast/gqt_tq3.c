@@ -125,16 +125,42 @@ void gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k) {
     for (int64_t b = 0; b < k / QK; ++b) quantize_block(x + b * QK, out + b);
 }
 
+/* AVX2 on x86-64: always when the file is built for it (-mavx2, -march=native); otherwise (the
+ * Python wheel, llama.cpp's ggml-base, both built for baseline x86-64) compiled for AVX2 through
+ * a function attribute and chosen at run time when the CPU has it. */
 #if defined(__AVX2__)
+#define GQT_TQ3_AVX2 1
+#define GQT_AVX2_FN
+#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(GQT_NO_RUNTIME_AVX2)
+#define GQT_TQ3_AVX2 2
+#define GQT_AVX2_FN __attribute__((target("avx2")))
+#else
+#define GQT_TQ3_AVX2 0
+#endif
+
+#if GQT_TQ3_AVX2
 /* 8-wide paths: the same operations on the same operands as the scalar code, so the same bits
  * (integer butterflies are exact; float butterflies pair the same a, b; products and sums keep
  * the canonical order below). test_native_flags_give_the_same_results holds them to it. */
 #include <immintrin.h>
 
+static int have_avx2(void) {
+#if GQT_TQ3_AVX2 == 1
+    return 1;
+#else
+    static int known = -1;   /* benign race: every thread computes the same value */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+#endif
+}
+
 #define SGN(j) (((GQT_TQ3_SIGN_WORD >> (j)) & 1) ? -1 : 1)
 
 /* centroids of the 8 indices in a 24-bit group word */
-static inline __m256 centroids8(const uint8_t * q3) {
+static inline GQT_AVX2_FN __m256 centroids8(const uint8_t * q3) {
     const uint32_t w = (uint32_t) q3[0] | (uint32_t) q3[1] << 8 | (uint32_t) q3[2] << 16;
     const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) w),
                                              _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)), _mm256_set1_epi32(7));
@@ -145,7 +171,7 @@ static inline __m256 centroids8(const uint8_t * q3) {
 #define BFLY_PS(v, sw, mask) _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), mask)
 #define BFLY_EPI16(v, sw, mask) _mm256_blend_epi16(_mm256_add_epi16(v, sw), _mm256_sub_epi16(sw, v), mask)
 
-static inline void fwht32_ps(__m256 * r) {  /* r[g] holds values 8g..8g+7 */
+static inline GQT_AVX2_FN void fwht32_ps(__m256 * r) {  /* r[g] holds values 8g..8g+7 */
     for (int g = 0; g < 4; ++g) {
         r[g] = BFLY_PS(r[g], _mm256_permute_ps(r[g], 0xB1), 0xAA);              /* h = 1 */
         r[g] = BFLY_PS(r[g], _mm256_permute_ps(r[g], 0x4E), 0xCC);              /* h = 2 */
@@ -161,7 +187,7 @@ static inline void fwht32_ps(__m256 * r) {  /* r[g] holds values 8g..8g+7 */
     }
 }
 
-static inline void dequantize_block_avx2(const gqt_block_tq3_0 * b, float s, float * y) {
+static inline GQT_AVX2_FN void dequantize_block_avx2(const gqt_block_tq3_0 * b, float s, float * y) {
     __m256 r[4];
     for (int g = 0; g < 4; ++g) r[g] = centroids8(b->qs + 3 * g);
     fwht32_ps(r);
@@ -178,7 +204,7 @@ static inline void dequantize_block_avx2(const gqt_block_tq3_0 * b, float s, flo
 }
 
 /* the int8 block, sign-flipped and rotated in int16 (|H32 D q| <= 32 * 128 fits) */
-static inline void rotate_q8_avx2(const int8_t * qs, __m256i * lo, __m256i * hi) {
+static inline GQT_AVX2_FN void rotate_q8_avx2(const int8_t * qs, __m256i * lo, __m256i * hi) {
     __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) qs));
     __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) (qs + 16)));
     a = _mm256_sign_epi16(a, _mm256_setr_epi16(SGN(0), SGN(1), SGN(2), SGN(3), SGN(4), SGN(5), SGN(6), SGN(7),
@@ -201,7 +227,7 @@ static inline void rotate_q8_avx2(const int8_t * qs, __m256i * lo, __m256i * hi)
     *hi = _mm256_sub_epi16(a, b);
 }
 
-static inline float block_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
+static inline GQT_AVX2_FN float block_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
     __m256i lo, hi;
     rotate_q8_avx2(y->qs, &lo, &hi);
     const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(lo)));
@@ -215,7 +241,27 @@ static inline float block_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
-#elif defined(__ARM_NEON) && defined(__aarch64__)
+
+static GQT_AVX2_FN void dequantize_row_avx2(const gqt_block_tq3_0 * in, float * y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, y += QK) {
+        const float s = gqt_fp16_to_fp32(in[b].d);
+        if (s == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
+        dequantize_block_avx2(&in[b], s, y);
+    }
+}
+
+static GQT_AVX2_FN float vec_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y, int nb) {
+    float sumf = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        const float sx = gqt_fp16_to_fp32(x[b].d);
+        if (sx == 0.0f) continue;
+        sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * block_dot_avx2(&x[b], &y[b]);
+    }
+    return sumf;
+}
+#endif
+
+#if defined(__ARM_NEON) && defined(__aarch64__)
 /* 4-wide arm64 paths, same operations on the same operands as the scalar code (see the AVX2 note). */
 #include <arm_neon.h>
 
@@ -304,12 +350,13 @@ static inline float block_dot_neon(const gqt_block_tq3_0 * x, const gqt_block_q8
 
 void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
     const gqt_block_tq3_0 * in = (const gqt_block_tq3_0 *) x;
+#if GQT_TQ3_AVX2
+    if (have_avx2()) { dequantize_row_avx2(in, y, k / QK); return; }
+#endif
     for (int64_t b = 0; b < k / QK; ++b, y += QK) {
         const float s = gqt_fp16_to_fp32(in[b].d);
         if (s == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
-#if defined(__AVX2__)
-        dequantize_block_avx2(&in[b], s, y);
-#elif defined(__ARM_NEON) && defined(__aarch64__)
+#if defined(__ARM_NEON) && defined(__aarch64__)
         dequantize_block_neon(&in[b], s, y);
 #else
         float v[QK];
@@ -345,9 +392,7 @@ int gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
  * in the canonical 8-lane order: lane l = ((p[l] + p[l+8]) + p[l+16]) + p[l+24], then
  * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) -- what an 8-wide SIMD unit does naturally. */
 static inline float block_dot(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
-#if defined(__AVX2__)
-    return block_dot_avx2(x, y);
-#elif defined(__ARM_NEON) && defined(__aarch64__)
+#if defined(__ARM_NEON) && defined(__aarch64__)
     return block_dot_neon(x, y);
 #else
     float c[QK], a[8];
@@ -367,6 +412,9 @@ void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     (void) bs; (void) bx; (void) by; (void) nrc;
     const gqt_block_tq3_0 * x = (const gqt_block_tq3_0 *) vx;
     const gqt_block_q8_0 * y = (const gqt_block_q8_0 *) vy;
+#if GQT_TQ3_AVX2
+    if (have_avx2()) { *s = vec_dot_avx2(x, y, n / QK) * GQT_TQ3_INV_SQRT32F; return; }
+#endif
     float sumf = 0.0f;
     for (int b = 0; b < n / QK; ++b) {
         const float sx = gqt_fp16_to_fp32(x[b].d);
