@@ -70,12 +70,6 @@ static inline float shrink_lp(float r, double beta, double pm1, double live_min)
     return d > 0.0f ? copysignf(d, r) : 0.0f;
 }
 
-static int all_finite(const float * x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return 0;
-    return 1;
-}
-
 /* ------------------------------------------------------------------ lane engine
  * Blocks are independent, and every block's sums run left to right (the order numpy's reference
  * uses), so SIMD goes across blocks, never inside one: lane l of an 8-wide vector works on its own
