@@ -20,6 +20,7 @@ if [[ "${1:-}" != "--no-native" ]]; then
     need=()
     command -v cmake >/dev/null || need+=(cmake)
     command -v g++ >/dev/null || need+=(g++)
+    command -v clang >/dev/null || need+=(clang)   # the kernels must give the same bits under clang (Android NDK)
     command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
     command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
     if ((${#need[@]})); then
