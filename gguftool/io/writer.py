@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import struct
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -36,8 +37,8 @@ def check_output_path(out: Path, inputs: list[Path]) -> None:
 
 
 class _Writer(GGUFWriter):
-    """gguf.GGUFWriter that packs metadata arrays of scalars or strings in one numpy step (gguf-py
-    packs them element by element: about a second for a 262k-token vocabulary). Same bytes;
+    """gguf.GGUFWriter that packs metadata arrays of scalars in one numpy step and of strings in one
+    join (gguf-py packs them element by element: about a second for a 262k-token vocabulary). Same bytes;
     everything else, checks included, is gguf-py's."""
 
     def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None) -> bytes:
@@ -48,14 +49,9 @@ class _Writer(GGUFWriter):
         head = (self._pack("I", vtype) if add_vtype else b"") + self._pack("I", sub_type) + self._pack("Q", len(val))
         if fmt is not None:
             return head + np.asarray(val, dtype=np.dtype(end + fmt)).tobytes()
-        enc = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val]
-        lens = np.fromiter(map(len, enc), np.int64, len(enc))
-        out = np.empty(int(lens.sum()) + 8 * len(enc), np.uint8)
-        starts = np.cumsum(lens + 8) - lens - 8          # where each string's uint64 length goes
-        out[(starts[:, None] + np.arange(8)).ravel()] = lens.astype(end + "u8").view(np.uint8)
-        body = np.frombuffer(b"".join(enc), np.uint8)   # then its bytes, shifted past the lengths
-        out[np.arange(len(body)) + np.repeat(starts + 8 - (np.cumsum(lens) - lens), lens)] = body
-        return head + out.tobytes()
+        length = struct.Struct(end + "Q").pack
+        enc = (v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in val)
+        return head + b"".join(length(len(e)) + e for e in enc)
 
 
 class StreamingWriter:
