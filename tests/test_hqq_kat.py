@@ -20,7 +20,8 @@ KAT = Path(__file__).parent / "data" / "hqq_kat.npz"
 TARGETS = ("Q4_HQQ", "Q4_HQQ_128", "Q4_1", "Q5_1")
 PARAM_SETS = {
     "default": {},
-    "plain": {"scale_search": 0},
+    "plain": {"refit": 0},
+    "search": {"scale_search": 1},
     "wide": {"scale_search": 6, "early_stop": 0, "iters": 9, "lp_norm": 0.5, "beta": 1.0, "kappa": 1.05},
 }
 

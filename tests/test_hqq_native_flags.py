@@ -24,7 +24,8 @@ BUILDS = {
 
 class Params(ctypes.Structure):
     _fields_ = [("lp_norm", ctypes.c_float), ("beta", ctypes.c_float), ("kappa", ctypes.c_float),
-                ("iters", ctypes.c_int), ("early_stop", ctypes.c_int), ("scale_search", ctypes.c_int)]
+                ("iters", ctypes.c_int), ("early_stop", ctypes.c_int), ("scale_search", ctypes.c_int),
+                ("refit", ctypes.c_int)]
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))

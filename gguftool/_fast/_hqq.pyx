@@ -10,7 +10,8 @@ cdef extern from "gqt_hqq.h" nogil:
         int iters
         int early_stop
         int scale_search
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM, GQT_HQQ_SCALE_SEARCH_MAX
+        int refit
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM, GQT_HQQ_SCALE_SEARCH_MAX, GQT_HQQ_REFIT_MAX
     int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                               const gqt_hqq_params * p)
     int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row)
@@ -31,22 +32,23 @@ cdef extern from "gqt_hqq.h" nogil:
 
 ERRORS = {GQT_ERR_NONFINITE: "NONFINITE", GQT_ERR_SHAPE: "SHAPE", GQT_ERR_RANGE: "RANGE", GQT_ERR_PARAM: "PARAM", GQT_ERR_NOMEM: "NOMEM"}
 SCALE_SEARCH_MAX = GQT_HQQ_SCALE_SEARCH_MAX
+REFIT_MAX = GQT_HQQ_REFIT_MAX
 
 
 def default_params():
     cdef gqt_hqq_params p
     gqt_hqq_default_params(&p)
     return dict(lp_norm=p.lp_norm, beta=p.beta, kappa=p.kappa, iters=p.iters,
-                early_stop=p.early_stop, scale_search=p.scale_search)
+                early_stop=p.early_stop, scale_search=p.scale_search, refit=p.refit)
 
 
 def quantize_rows(int target, const float[:, ::1] x, unsigned char[:, ::1] out, float lp_norm, float beta,
-                  float kappa, int iters, int early_stop, int scale_search):
+                  float kappa, int iters, int early_stop, int scale_search, int refit):
     """x [rows, n] -> out [rows, row_bytes]; returns the C status code (0 = GQT_OK)."""
     cdef gqt_hqq_params p
     cdef int rc
     p.lp_norm, p.beta, p.kappa = lp_norm, beta, kappa
-    p.iters, p.early_stop, p.scale_search = iters, early_stop, scale_search
+    p.iters, p.early_stop, p.scale_search, p.refit = iters, early_stop, scale_search, refit
     if x.shape[0] != out.shape[0] or <size_t> out.shape[1] != gqt_hqq_row_size(target, x.shape[1]):
         return GQT_ERR_SHAPE
     if x.shape[0] == 0:
@@ -74,7 +76,7 @@ def quantize_rows_default(int target, const float[:, ::1] x, unsigned char[:, ::
 
 
 def quantize_row_ref(int target, const float[::1] x, unsigned char[::1] out, bint plain=False):
-    """gqt_quantize_row_q4_hqq*_ref (defaults) or, plain=True, gqt_quantize_row_q4_hqq* (scale_search=0)
+    """gqt_quantize_row_q4_hqq*_ref (defaults) or, plain=True, gqt_quantize_row_q4_hqq* (plain HQQ)
     over one row (k = len(x))."""
     if target not in (512, 513) or <size_t> out.shape[0] != gqt_hqq_row_size(target, x.shape[0]) or x.shape[0] == 0:
         raise ValueError("quantize_row_ref: bad target or sizes")

@@ -44,14 +44,16 @@ void gqt_hqq_default_params(gqt_hqq_params * p) {
     p->kappa = 1.01f;
     p->iters = 20;
     p->early_stop = 1;
-    p->scale_search = 1;   /* see HQQParams in hqq.py: ~11% lower MSE than plain HQQ, ~3.5x the time */
+    p->scale_search = 0;
+    p->refit = 2;          /* see HQQParams in hqq.py */
 }
 
 static int params_ok(const gqt_hqq_params * p) {
     return p->lp_norm > 0.0f && p->lp_norm <= 1.0f && p->beta > 0.0f && isfinite(p->beta) &&
            p->kappa >= 1.0f && isfinite(p->kappa) && p->iters >= 0 && p->iters <= GQT_HQQ_ITERS_MAX &&
            (p->early_stop == 0 || p->early_stop == 1) &&
-           p->scale_search >= 0 && p->scale_search <= GQT_HQQ_SCALE_SEARCH_MAX;
+           p->scale_search >= 0 && p->scale_search <= GQT_HQQ_SCALE_SEARCH_MAX &&
+           p->refit >= 0 && p->refit <= GQT_HQQ_REFIT_MAX;
 }
 
 /* rint(clamp(v, 0, qmax)): after the clamp, adding and subtracting 1.5*2^23 rounds half to even
@@ -217,8 +219,8 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
 
 /* Lane by lane over one group of 8 blocks (XT: element j of lane l at XT[8*j + l]): the codes of
  * each block on the grid of its stored fp16 pair, sc/bb = (scale, zero), or (d, m) for Q4_1/Q5_1
- * (sc = 0: codes 0), and either the block's squared error (sq) or, for the least-squares refit,
- * the sums of q, q^2, x and q*x (sums[0..3]), all left to right. */
+ * (sc = 0: codes 0), the block's squared error (sq) and, for the least-squares refit (sums not
+ * NULL), the sums of q, q^2 and q*x of the same codes (sums[0..2]), all left to right. */
 #define GRID_CODES(W_q, W_f) do { \
         W_q = stock ? (W_f - BB) / SC : W_f / SC + BB; \
         VROUND_CLAMPED(W_q, qmax); \
@@ -232,8 +234,8 @@ static void grid_group(const float * XT, int G, float qmax, int stock, const flo
     VLOAD(SC, sc);
     VLOAD(BB, bb);
     const vi nz = SC != VSPLAT(0.0f);
+    vf acc = VSPLAT(0.0f), d;
     if (sums == NULL) {
-        vf acc = VSPLAT(0.0f), d;
         for (int j = 0; j < G; j++) {
             VLOAD(W_f, XT + LANES * j);
             GRID_CODES(W_q, W_f);
@@ -243,19 +245,31 @@ static void grid_group(const float * XT, int G, float qmax, int stock, const flo
         VSTORE(sq, acc);
         return;
     }
-    vf s_q = VSPLAT(0.0f), s_qq = s_q, s_x = s_q, s_qx = s_q;
+    vf s_q = VSPLAT(0.0f), s_qq = s_q, s_qx = s_q;
     for (int j = 0; j < G; j++) {
         VLOAD(W_f, XT + LANES * j);
         GRID_CODES(W_q, W_f);
+        d = W_f - (stock ? SC * W_q + BB : (W_q - BB) * SC);
+        acc += d * d;
         s_q += W_q;
         s_qq += W_q * W_q;
-        s_x += W_f;
         s_qx += W_q * W_f;
     }
+    VSTORE(sq, acc);
     VSTORE(sums[0], s_q);
     VSTORE(sums[1], s_qq);
-    VSTORE(sums[2], s_x);
-    VSTORE(sums[3], s_qx);
+    VSTORE(sums[2], s_qx);
+}
+
+/* Per block, the sum of its values left to right (lane by lane over a group). */
+GQT_MULTIVERSION
+static void group_sum(const float * XT, int G, float * out) {
+    vf acc = VSPLAT(0.0f), W_f;
+    for (int j = 0; j < G; j++) {
+        VLOAD(W_f, XT + LANES * j);
+        acc += W_f;
+    }
+    VSTORE(out, acc);
 }
 
 /* The codes of one block (contiguous x) on the grid of its final pair: the same operations as
@@ -303,6 +317,7 @@ typedef struct {
     uint16_t cand_a[CAND_MAX * BATCH_MAX], cand_b[CAND_MAX * BATCH_MAX];
     float mn[BATCH_MAX], mx[BATCH_MAX], best[BATCH_MAX];
     uint16_t a[BATCH_MAX], b[BATCH_MAX];
+    float sums[BATCH_MAX][3];               /* sums of q, q^2, q*x of each block's current codes */
     int status[BATCH_MAX], refit[BATCH_MAX];
     step_table steps;
 } workspace;
@@ -312,39 +327,30 @@ static const uint8_t ZERO_CODES[GMAX];
 
 /* Least-squares refit of every solved block's pair to its codes (x ~ A*q + C), like the inner step
  * of llama.cpp's make_qkx2_quants; the codes are then chosen again. Kept only while it lowers the
- * block's squared error; at most LS_ROUNDS rounds. */
-#define LS_ROUNDS 2
-static void ls_refit(workspace * w, int nb, const hqq_target * t) {
+ * block's squared error; at most `rounds` rounds. One pass over the values per round: the pass
+ * that scores the new pair also sums its codes for the next round. */
+static void ls_refit(workspace * w, int nb, const hqq_target * t, int rounds) {
     const int G = t->group;
     const float n = (float) G, qmax = (float) t->qmax;
-    float sc[LANES], bb[LANES], sq[LANES], sums[4][LANES];
+    float sc[LANES], bb[LANES], sq[LANES], sums[3][LANES], s_x[LANES];
     uint16_t na[LANES], nbz[LANES];
     for (int b = 0; b < nb; b++) w->refit[b] = w->status[b] == B_SOLVE;
-    for (int round = 0; round < LS_ROUNDS; round++) {
-        for (int g = 0; g * LANES < nb; g++) {
-            const float * XT = w->XT + (int64_t) g * LANES * G;
+    for (int g = 0; g * LANES < nb; g++) {
+        const float * XT = w->XT + (int64_t) g * LANES * G;
+        group_sum(XT, G, s_x);
+        for (int round = 0; round < rounds; round++) {
             int any = 0;
             for (int l = 0; l < LANES; l++) {
                 const int b = g * LANES + l;
-                const int on = b < nb && w->refit[b];
-                sc[l] = on ? gqt_fp16_to_fp32(w->a[b]) : 0.0f;
-                bb[l] = on ? gqt_fp16_to_fp32(w->b[b]) : 0.0f;
-                any |= on;
-            }
-            if (!any) continue;
-            grid_group(XT, G, qmax, t->stock, sc, bb, NULL, sums);
-            for (int l = 0; l < LANES; l++) {
-                const int b = g * LANES + l;
-                const int on = b < nb && w->refit[b];
                 sc[l] = 0.0f;
                 bb[l] = 0.0f;
-                if (!on) continue;
+                if (b >= nb || !w->refit[b]) continue;
                 w->refit[b] = 0;
-                const float s_q = sums[0][l], s_qq = sums[1][l], s_x = sums[2][l], s_qx = sums[3][l];
+                const float s_q = w->sums[b][0], s_qq = w->sums[b][1], s_qx = w->sums[b][2];
                 const float D = n * s_qq - s_q * s_q;
                 if (!(D > 0.0f)) continue;
-                const float A = (n * s_qx - s_q * s_x) / D;
-                const float C = (s_x - A * s_q) / n;
+                const float A = (n * s_qx - s_q * s_x[l]) / D;
+                const float C = (s_x[l] - A * s_q) / n;
                 na[l] = gqt_fp32_to_fp16(A);
                 const float naf = gqt_fp16_to_fp32(na[l]);
                 if (!(naf > 0.0f) || !isfinite(naf)) continue;
@@ -353,8 +359,10 @@ static void ls_refit(workspace * w, int nb, const hqq_target * t) {
                 sc[l] = naf;
                 bb[l] = gqt_fp16_to_fp32(nbz[l]);
                 w->refit[b] = 1;
+                any = 1;
             }
-            grid_group(XT, G, qmax, t->stock, sc, bb, sq, NULL);
+            if (!any) break;
+            grid_group(XT, G, qmax, t->stock, sc, bb, sq, round + 1 < rounds ? sums : NULL);
             for (int l = 0; l < LANES; l++) {
                 const int b = g * LANES + l;
                 if (b >= nb || !w->refit[b]) continue;
@@ -362,6 +370,7 @@ static void ls_refit(workspace * w, int nb, const hqq_target * t) {
                 w->best[b] = sq[l];
                 w->a[b] = na[l];
                 w->b[b] = nbz[l];
+                if (round + 1 < rounds) for (int k = 0; k < 3; k++) w->sums[b][k] = sums[k][l];
             }
         }
     }
@@ -374,7 +383,7 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
     const int G = t->group;
     const float qmax = (float) t->qmax;
     const int ngroups = (nb + LANES - 1) / LANES;
-    float sc[LANES], bb[LANES], sq[LANES];
+    float sc[LANES], bb[LANES], sq[LANES], sums[3][LANES];
     int finite[LANES];
     for (int g = 0; g < ngroups; g++) {
         float * XT = w->XT + (int64_t) g * LANES * G;
@@ -430,17 +439,18 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
                 sc[l] = on ? gqt_fp16_to_fp32(w->cand_a[k * nb + b]) : 0.0f;
                 bb[l] = on ? gqt_fp16_to_fp32(w->cand_b[k * nb + b]) : 0.0f;
             }
-            grid_group(w->XT + (int64_t) g * LANES * G, G, qmax, t->stock, sc, bb, sq, NULL);
+            grid_group(w->XT + (int64_t) g * LANES * G, G, qmax, t->stock, sc, bb, sq, p->refit ? sums : NULL);
             for (int l = 0; l < LANES; l++) {
                 const int b = g * LANES + l;
                 if (b < nb && w->status[b] == B_SOLVE && sq[l] < w->best[b]) {
                     w->best[b] = sq[l];
                     w->a[b] = w->cand_a[k * nb + b];
                     w->b[b] = w->cand_b[k * nb + b];
+                    if (p->refit) for (int i = 0; i < 3; i++) w->sums[b][i] = sums[i][l];
                 }
             }
         }
-    if (p->scale_search > 0) ls_refit(w, nb, t);
+    if (p->refit > 0) ls_refit(w, nb, t, p->refit);
 }
 
 static void put16(uint8_t * p, uint16_t v) { memcpy(p, &v, 2); }
@@ -565,6 +575,7 @@ static void quantize_row_plain(int target, const float * x, void * y, int64_t k)
     target_info(target, &t);
     gqt_hqq_default_params(&p);
     p.scale_search = 0;
+    p.refit = 0;
     quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
 }
 

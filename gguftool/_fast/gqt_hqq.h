@@ -33,6 +33,7 @@ extern "C" {
 #endif
 
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
+#define GQT_HQQ_REFIT_MAX 8
 #define GQT_HQQ_ITERS_MAX 1000
 
 typedef struct {
@@ -41,8 +42,10 @@ typedef struct {
     float kappa;       /* beta *= kappa each step (1.01; 1.0 = hqq 0.2.8 legacy loop) */
     int iters;         /* proximal steps at most (20; 0 = plain min-max) */
     int early_stop;    /* 1: stop when the block's mean |error| stops falling (hqq's rule) */
-    int scale_search;  /* 0: plain HQQ; n in 1..GQT_HQQ_SCALE_SEARCH_MAX: also try 2n other scales and
-                          refit scale/zero by least squares (default 1) */
+    int scale_search;  /* 0: min-max scale only (default); n in 1..GQT_HQQ_SCALE_SEARCH_MAX: also try
+                          2n other scales, each with its own zero loop */
+    int refit;         /* rounds of least-squares refit of scale/zero to the codes, 0..GQT_HQQ_REFIT_MAX
+                          (default 2; 0 with scale_search 0 = plain HQQ) */
 } gqt_hqq_params;
 
 void gqt_hqq_default_params(gqt_hqq_params * p);
@@ -67,7 +70,7 @@ void   gqt_vec_dot_q4_hqq_q8_1_ref(int n, float * s, size_t bs, const void * vx,
 
 void   gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k);
 
-/* Plain HQQ (scale_search = 0), ~3.5x faster than the defaults: for the CPU backend's from_float,
+/* Plain HQQ (scale_search = 0, refit = 0), faster than the defaults: for the CPU backend's from_float,
  * where the KV cache quantizes every new token on the fly. Weights use the _ref / quantize_ forms. */
 void   gqt_quantize_row_q4_hqq(const float * x, void * y, int64_t k);
 void   gqt_quantize_row_q4_hqq_128(const float * x, void * y, int64_t k);

@@ -60,12 +60,14 @@ def add_plan_args(p) -> None:
     s.add_argument("--hqq-beta", type=float, help="initial beta (default 10)")
     s.add_argument("--hqq-kappa", type=float, help="beta growth per iteration (default 1.01)")
     s.add_argument("--hqq-scale-search", type=int,
-                   help="0 = plain HQQ (min-max scale); n = also try 2n scales and refit (default 1)")
+                   help="0 = the min-max scale only (default); n = also try 2n scales: ~6%% lower error, ~2x the time")
+    s.add_argument("--hqq-refit", type=int,
+                   help="rounds of least-squares refit of scale/zero (default 2); 0 with scale search 0 = plain HQQ")
 
 
 def solver_params(args) -> dict:
     names = {"hqq_iters": "iters", "hqq_lp_norm": "lp_norm", "hqq_beta": "beta", "hqq_kappa": "kappa",
-             "hqq_scale_search": "scale_search"}
+             "hqq_scale_search": "scale_search", "hqq_refit": "refit"}
     params = {v: getattr(args, k) for k, v in names.items() if getattr(args, k) is not None}
     if args.solver:
         params["solver"] = args.solver

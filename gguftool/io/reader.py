@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import sys
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 
 from .. import types as registry
@@ -104,10 +104,10 @@ class _Reader(GGUFReader):
 
     gguf-py reads every metadata value through a np.memmap slice (each slice runs memmap's Python
     hooks) and builds one part per array element: 21 s of CPU for Gemma 3's 262k-token vocabulary.
-    Here slices come from a plain ndarray view of the same map, and arrays of scalars or strings
-    are read in one step (a scalar array is one part; a string array one part per string), which
-    `ReaderField.contents()` reads the same way. The file is parsed in the same order with the
-    same checks; nested arrays keep gguf-py's own path."""
+    Here slices come from a plain ndarray view of the same map; an array of scalars is one part
+    (which `ReaderField.contents()` reads the same way), and an array of strings is one `_Strings`
+    part that keeps the file's bytes and decodes only when asked (`_field_value`). The file is
+    parsed in the same order with the same checks; nested arrays keep gguf-py's own path."""
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
         plain = self.__dict__.get("_plain")
@@ -133,21 +133,29 @@ class _Reader(GGUFReader):
             if len(vals) != n:
                 raise ValueError(f"array of {n} values runs past the end of the file")
             return 12 + int(vals.nbytes), [raw_itype, alen, vals], [2] if n else [], types
-        if itype != GGUFValueType.STRING:
+        if itype != GGUFValueType.STRING or not n:
             return super()._get_field_parts(orig_offs, raw_type)
         mv, size = memoryview(self._plain), len(self._plain)
-        order = "big" if (self.byte_order == "S") == (sys.byteorder == "little") else "little"
-        parts: list[Any] = [raw_itype, alen]
-        for _ in range(n):
-            if offs + 8 > size:
-                raise ValueError("string array runs past the end of the file")
-            ln = int.from_bytes(mv[offs:offs + 8], order)
-            offs += 8
-            if offs + ln > size:
-                raise ValueError(f"string of {ln} bytes runs past the end of the file")
-            parts.append(mv[offs:offs + ln])   # memoryview: .tobytes() and .nbytes, as contents() needs
-            offs += ln
-        return offs - orig_offs, parts, list(range(2, n + 2)), types
+        u64 = struct.Struct("<Q" if self.endianess == GGUFEndian.LITTLE else ">Q").unpack_from
+        starts: list[int] = []
+        add = starts.append
+        try:   # the hot loop of a big vocabulary: bounds are checked by unpack_from, and once at the end
+            for _ in range(n):
+                add(offs + 8)
+                offs += 8 + u64(mv, offs)[0]
+        except struct.error:
+            raise ValueError("string array runs past the end of the file") from None
+        if offs > size:
+            raise ValueError("the last string of an array runs past the end of the file")
+        base = orig_offs + 12
+        at = np.array(starts, np.int64)
+        lens = np.diff(at, append=offs + 8) - 8
+        strings = _Strings(mv[base:offs], at - base, lens)
+        return offs - orig_offs, [raw_itype, alen, strings], [2], types
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        self.kv_end = super()._build_fields(offs, count)   # where the last key-value pair ends
+        return self.kv_end
 
     def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
         size = len(self.data)
@@ -185,7 +193,28 @@ class _Reader(GGUFReader):
         self.tensors = []
 
 
+class _Strings:
+    """A metadata array of strings as the file holds them: string i is buf[starts[i]:starts[i] + lens[i]]
+    (buf: the array's payload, length prefixes included)."""
+
+    def __init__(self, buf: memoryview, starts: np.ndarray, lens: np.ndarray):
+        self.buf, self.starts, self.lens = buf, starts, lens
+
+    def check_utf8(self) -> None:
+        """All string bytes, concatenated, are valid UTF-8 (one decode instead of one per string)."""
+        keep = np.ones(len(self.buf), bool)
+        keep[(self.starts[:, None] - np.arange(8, 0, -1)).reshape(-1)] = False   # the length prefixes
+        np.frombuffer(self.buf, np.uint8)[keep].tobytes().decode("utf-8")
+
+    def decode(self) -> list[str]:
+        b = self.buf
+        return [str(b[i:i + n], "utf-8") for i, n in zip(self.starts.tolist(), self.lens.tolist())]
+
+
 def _field_value(field: ReaderField) -> Any:
+    last = field.parts[-1]
+    if isinstance(last, _Strings):
+        return last.decode()
     v = field.contents()
     if isinstance(v, np.generic):
         v = v.item()
@@ -213,11 +242,19 @@ class GGUFFile:
         self.alignment = int(r.alignment)
         self.data_offset = int(r.data_offset)
         self.fields: dict[str, ReaderField] = {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
-        for k, f in self.fields.items():  # decode every string once, so later reads cannot fail
+        for k, f in self.fields.items():  # check every value once, so that reading one later cannot fail
             try:
-                _field_value(f)
+                if isinstance(f.parts[-1], _Strings):
+                    f.parts[-1].check_utf8()
+                else:
+                    _field_value(f)
             except (UnicodeDecodeError, ValueError, IndexError) as e:
                 raise GgufToolError(f"{self.path}: metadata {k!r} holds an invalid value ({type(e).__name__})") from None
+        # Each value's bytes (type id + payload) for a byte-for-byte copy; pairs are contiguous in the file.
+        offsets = [f.offset for f in self.fields.values()] + [r.kv_end]
+        self._value_spans = {k: (f.offset + 8 + int(f.parts[0][0]), offsets[i + 1])
+                             for i, (k, f) in enumerate(self.fields.items())}
+        self._little = r.endianess == GGUFEndian.LITTLE
         self.tensors: list[Tensor] = r.gt_tensors
         self._by_name = {t.name: t for t in self.tensors}
         self._check_type_records()
@@ -225,11 +262,24 @@ class GGUFFile:
     # -- metadata --------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         f = self.fields.get(key)
-        return default if f is None else _field_value(f)
+        if f is None:
+            return default
+        try:
+            return _field_value(f)
+        except UnicodeDecodeError:   # a string cut inside a character passes the check in __init__
+            raise GgufToolError(f"{self.path}: metadata {key!r} holds invalid UTF-8") from None
+
+    def raw_value(self, key: str) -> bytes | None:
+        """The value of `key` as the file stores it (uint32 type id, then the payload), or None for a
+        big-endian file."""
+        if not self._little:
+            return None
+        start, end = self._value_spans[key]
+        return self._reader.data[start:end].tobytes()
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return {k: _field_value(f) for k, f in self.fields.items()}
+        return {k: self.get(k) for k in self.fields}
 
     @property
     def architecture(self) -> str:

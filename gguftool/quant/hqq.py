@@ -28,14 +28,16 @@ Differences from hqq, on purpose:
 * hqq's guards for half precision (scale=1 when max-min <= 1e-4, scale clamped to 2e4) are absolute
   and would wreck small-magnitude blocks; instead the inverse scale is capped at 2^24 (fp16's
   smallest step) and at 60000/max|x| (so the fp16 zero stays finite).
-* Scale search (`scale_search=n`; default 1, 0 = plain HQQ): also try inverse scales
-  (qmax + r)/(max - min) for r in SCALE_STEPS[:2n] (like llama.cpp's make_qkx2_quants), run the
-  zero loop for each, keep the candidate with the lowest block squared error (the plain min-max
-  candidate first; ties keep the earlier); then refit scale and zero by least squares to the chosen
-  codes (x ~ A*q + C), re-choose the codes, at most 2 rounds, each kept only if the error falls.
-  Measured relative MSE as a fraction of llama.cpp's Q4_1 (gguf.quants), all 2-D weights of
-  all-MiniLM-L6-v2: plain HQQ 0.896 (the hqq package: 0.892), scale_search=1 0.797, =3 0.785;
-  group 128 vs min-max g128: plain 0.942, scale_search=1 0.860 (scripts/bench_hqq_quality.py).
+* Least-squares refit (`refit=n`, default 2; refit=0 with scale_search=0 is plain HQQ): after the
+  zero loop, refit scale and zero to the chosen codes by least squares (x ~ A*q + C, the inner step
+  of llama.cpp's make_qkx2_quants) and choose the codes again; n rounds at most, each kept only if
+  the block's squared error falls.
+* Scale search (`scale_search=n`, default 0): also try inverse scales (qmax + r)/(max - min) for r
+  in SCALE_STEPS[:2n], run the zero loop for each, keep the candidate with the lowest block squared
+  error (the plain min-max candidate first; ties keep the earlier), then refit as above.
+  Measured relative MSE as a fraction of llama.cpp's Q4_1 (gguf.quants), N(0, 0.02^2) data: plain
+  HQQ 0.898 (the hqq package: 0.894), refit=2 (the default) 0.852, scale_search=1 0.799, at about
+  1.3x and 2.5x plain's solver time (scripts/bench_hqq_quality.py, docs/hqq.md).
 * Per-block vs per-tensor early stop, measured: with hqq's per-tensor rule the g32 MSE is ~0.4%
   lower (Gaussian: 0.894 vs 0.898 of Q4_1; the hqq package itself gives 0.894), because some blocks
   stop one or two steps early on their own noisy error; early_stop=0 (all 20 steps) recovers it.
@@ -76,6 +78,7 @@ _BY_ID = {v[0]: k for k, v in TARGETS.items()}
 # Must equal GQT_HQQ_SCALE_STEPS in gqt_hqq.c.
 SCALE_STEPS = (0.5, -0.5, 1.0, -1.0, 0.25, -0.25, 0.75, -0.75, 1.5, -1.5, 2.0, -2.0)
 SCALE_SEARCH_MAX = len(SCALE_STEPS) // 2
+REFIT_MAX = 8   # GQT_HQQ_REFIT_MAX
 
 F32 = np.float32
 _S_INV_CAP = F32(16777216.0)   # 2^24: 1/2^24 is fp16's smallest step
@@ -84,15 +87,16 @@ _ZERO_CAP = F32(60000.0)       # |zero| stays below fp16's max (65504)
 
 @dataclass(frozen=True)
 class HQQParams:
-    """Solver parameters. lp_norm..iters are hqq's defaults; scale_search=1 (two more scales plus a
-    least-squares refit) is on by default because it lowers the squared error by a further ~11% at
-    g32 (~9% at g128) for ~3.5x the time (scripts/bench_hqq_quality.py); scale_search=0 is plain HQQ."""
+    """Solver parameters. lp_norm..iters are hqq's defaults. The refit is on by default: it lowers the
+    squared error ~5% below plain HQQ for ~1.3x the solver's time; the scale search lowers it ~6%
+    further for ~2x more (see the module docstring). refit=0, scale_search=0 is plain HQQ."""
     lp_norm: float = 0.7     # p of the sparse-error "norm", 0 < p <= 1
     beta: float = 10.0       # initial penalty; the shrink threshold is |x|^(p-1) / beta
     kappa: float = 1.01      # beta *= kappa after every step (1.0 = hqq 0.2.8's legacy loop)
     iters: int = 20          # proximal steps at most (0 = plain min-max scale and zero)
     early_stop: int = 1      # 1: stop when the block error stops falling (hqq's rule), 0: run all steps
-    scale_search: int = 1    # 0: plain HQQ (min-max scale); n: also try 2n scales, then refit
+    scale_search: int = 0    # 0: min-max scale only; n: also try 2n more scales, each with its zero loop
+    refit: int = 2           # rounds of least-squares refit of scale and zero to the codes (0: none)
 
     def validate(self) -> "HQQParams":
         if not (0.0 < self.lp_norm <= 1.0):
@@ -107,6 +111,8 @@ class HQQParams:
             raise GgufToolError(f"HQQ early_stop must be 0 or 1, got {self.early_stop}")
         if not (0 <= self.scale_search <= SCALE_SEARCH_MAX):
             raise GgufToolError(f"HQQ scale_search must be in 0..{SCALE_SEARCH_MAX}, got {self.scale_search}")
+        if not (0 <= self.refit <= REFIT_MAX):
+            raise GgufToolError(f"HQQ refit must be in 0..{REFIT_MAX}, got {self.refit}")
         return self
 
     @classmethod
@@ -119,7 +125,7 @@ class HQQParams:
         if unknown:
             raise GgufToolError(f"unknown HQQ parameter(s) {unknown}", hint="known: " + ", ".join(sorted(known)))
         try:
-            p = cls(**{k: (int(v) if k in ("iters", "early_stop", "scale_search") else float(v))
+            p = cls(**{k: (int(v) if k in ("iters", "early_stop", "scale_search", "refit") else float(v))
                        for k, v in params.items()})
         except (TypeError, ValueError) as e:
             raise GgufToolError(f"bad HQQ parameter value: {e}") from None
@@ -273,12 +279,12 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
         take = sq < best
         best[take] = sq[take]
         a[live[take]], b[live[take]], q[live[take]] = ca[take], cb[take], cq[take]
-    if prm.scale_search:
-        a[live], b[live], q[live] = _ls_refit(W_f, a[live], b[live], q[live], best, qmax, stock)
+    if prm.refit:
+        a[live], b[live], q[live] = _ls_refit(W_f, a[live], b[live], q[live], best, qmax, stock, prm.refit)
     return a, b, q
 
 
-def _ls_refit(W_f, a, b, q, best, qmax: int, stock: bool, rounds: int = 2):
+def _ls_refit(W_f, a, b, q, best, qmax: int, stock: bool, rounds: int):
     """Least-squares refit of the stored pair to the chosen codes (x ~ A*q + C, as in llama.cpp's
     make_qkx2_quants), codes chosen again; kept only while the block error falls."""
     n = F32(W_f.shape[1])
@@ -390,7 +396,7 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     def run(rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.shape[0], rows.shape[1] // G * nbytes), np.uint8)
         rc = fast.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
-                                prm.early_stop, prm.scale_search)
+                                prm.early_stop, prm.scale_search, prm.refit)
         if rc:
             raise GgufToolError(f"cannot quantize to {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
         return out
