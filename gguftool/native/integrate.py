@@ -245,9 +245,11 @@ endif()
 """
 
 
+PYTHON_ONLY = {"gqt_convert.c", "gqt_convert.h"}   # the fp16 cast behind the Python reader: not a ggml kernel
+
+
 def kernel_files(kernel_dir: Path = KERNEL_DIR) -> list[Path]:
-    files = sorted([*kernel_dir.glob("gqt_*.c"), *kernel_dir.glob("gqt_*.h")])
-    return files
+    return sorted(p for p in [*kernel_dir.glob("gqt_*.c"), *kernel_dir.glob("gqt_*.h")] if p.name not in PYTHON_ONLY)
 
 
 def required_kernels_present(kernel_dir: Path = KERNEL_DIR) -> list[str]:
