@@ -14,8 +14,12 @@ from .conftest import tiny_llama
 
 @pytest.mark.parametrize("name", ["phone-small", "max-compression", "stock-llamacpp", "quality"])
 def test_shipped_recipes_load(name):
+    from gguftool.quant.hqq import HQQParams
     r = recipe.load(name)
     assert r.name == name and r.kv.keys() == {"k", "v"} and r.allowed
+    for params in [r.solver, *(rule.params for rule in r.rules)]:
+        if params:
+            HQQParams.make(**params)   # raises on an unknown parameter or a value out of range
 
 
 def test_phone_small_is_the_articles_pick():
