@@ -343,88 +343,184 @@ static void group_range(const float * XT, int G, float * mn, float * mx, int * f
 #define BATCH_MAX (BATCH_VALUES / 32)
 #define CAND_MAX (1 + 2 * GQT_HQQ_SCALE_SEARCH_MAX)
 
+/* Per-block state, lane-major: the 8 blocks of group g sit at [8g .. 8g+8), one vector. */
 typedef struct {
     float XT[BATCH_VALUES];                 /* the batch, in groups of 8 blocks (see grid_group) */
     zero_job zj[CAND_MAX * BATCH_MAX];
-    int zj_index[CAND_MAX * BATCH_MAX];     /* candidate * nb + block of each zero job */
-    uint16_t cand_a[CAND_MAX * BATCH_MAX], cand_b[CAND_MAX * BATCH_MAX];
+    int zj_index[CAND_MAX * BATCH_MAX];     /* candidate * BATCH_MAX + block of each zero job */
+    int32_t cand_a[CAND_MAX * BATCH_MAX];   /* a candidate's fp16 scale (d), its value, its zero */
+    float cand_af[CAND_MAX * BATCH_MAX], cand_z[CAND_MAX * BATCH_MAX];
     float mn[BATCH_MAX], mx[BATCH_MAX], best[BATCH_MAX];
-    uint16_t a[BATCH_MAX], b[BATCH_MAX];
-    float sums[BATCH_MAX][3];               /* sums of q, q^2, q*x of each block's current codes */
-    int status[BATCH_MAX], refit[BATCH_MAX];
+    int32_t a[BATCH_MAX], b[BATCH_MAX];     /* the chosen fp16 pair (bits), and its values */
+    float af[BATCH_MAX], bf[BATCH_MAX];
+    float sums[3][BATCH_MAX];               /* sums of q, q^2, q*x of each block's current codes */
+    int32_t status[BATCH_MAX];
     step_table steps;
 } workspace;
 
 enum { B_SOLVE = 1, B_CONST = 2 };   /* status: GQT_ERR_* (< 0), or what the block needs */
 static const uint8_t ZERO_CODES[GMAX];
 
-/* Least-squares refit of every solved block's pair to its codes (x ~ A*q + C), like the inner step
- * of llama.cpp's make_qkx2_quants; the codes are then chosen again. Kept only while it lowers the
- * block's squared error; at most `rounds` rounds. One pass over the values per round: the pass
- * that scores the new pair also sums its codes for the next round. */
-static void ls_refit(workspace * w, int nb, const hqq_target * t, int rounds) {
-    const int G = t->group;
-    const float n = (float) G, qmax = (float) t->qmax;
-    float sc[LANES], bb[LANES], sq[LANES], sums[3][LANES], s_x[LANES];
-    uint16_t na[LANES], nbz[LANES];
-    for (int b = 0; b < nb; b++) w->refit[b] = w->status[b] == B_SOLVE;
-    for (int g = 0; g * LANES < nb; g++) {
-        const float * XT = w->XT + (int64_t) g * LANES * G;
-        group_sum(XT, G, s_x);
-        for (int round = 0; round < rounds; round++) {
-            int any = 0;
-            for (int l = 0; l < LANES; l++) {
-                const int b = g * LANES + l;
-                sc[l] = 0.0f;
-                bb[l] = 0.0f;
-                if (b >= nb || !w->refit[b]) continue;
-                w->refit[b] = 0;
-                const float s_q = w->sums[b][0], s_qq = w->sums[b][1], s_qx = w->sums[b][2];
-                const float D = n * s_qq - s_q * s_q;
-                if (!(D > 0.0f)) continue;
-                const float A = (n * s_qx - s_q * s_x[l]) / D;
-                const float C = (s_x[l] - A * s_q) / n;
-                na[l] = gqt_fp32_to_fp16(A);
-                const float naf = gqt_fp16_to_fp32(na[l]);
-                if (!(naf > 0.0f) || !isfinite(naf)) continue;
-                nbz[l] = gqt_fp32_to_fp16(t->stock ? C : -C / naf);
-                if (!isfinite(gqt_fp16_to_fp32(nbz[l]))) continue;
-                sc[l] = naf;
-                bb[l] = gqt_fp16_to_fp32(nbz[l]);
-                w->refit[b] = 1;
-                any = 1;
-            }
-            if (!any) break;
-            grid_group(XT, G, qmax, t->stock, sc, bb, sq, round + 1 < rounds ? sums : NULL);
-            for (int l = 0; l < LANES; l++) {
-                const int b = g * LANES + l;
-                if (b >= nb || !w->refit[b]) continue;
-                if (!(sq[l] < w->best[b])) { w->refit[b] = 0; continue; }
-                w->best[b] = sq[l];
-                w->a[b] = na[l];
-                w->b[b] = nbz[l];
-                if (round + 1 < rounds) for (int k = 0; k < 3; k++) w->sums[b][k] = sums[k][l];
-            }
-        }
+/* gqt_fp32_to_fp16 and gqt_fp16_to_fp32 (gqt_common.h), lane by lane, the same bits; fp16 values
+ * travel as int32 lanes. */
+typedef uint32_t vu __attribute__((vector_size(4 * LANES)));
+#define VUSPLAT(v) ((vu) {(v), (v), (v), (v), (v), (v), (v), (v)})
+#define VUSEL(m, a, b) ((vu) (((m) & (vi) (a)) | (~(m) & (vi) (b))))
+#define VFINITE(v) ((v) - (v) == VSPLAT(0.0f))   /* false for NaN and +-Inf */
+#define VTO_FP16(out, f) do { \
+        const vu w_ = (vu) (f), shl1_ = w_ + w_; \
+        vu bias_ = shl1_ & VUSPLAT(0xFF000000u); \
+        bias_ = VUSEL(bias_ < VUSPLAT(0x71000000u), VUSPLAT(0x71000000u), bias_); \
+        const vf base_ = (vf) ((bias_ >> 1) + VUSPLAT(0x07800000u)) + \
+                         (VABS(f) * VSPLAT(0x1.0p+112f)) * VSPLAT(0x1.0p-110f); \
+        const vu bits_ = (vu) base_; \
+        const vu nonsign_ = ((bits_ >> 13) & VUSPLAT(0x7C00u)) + (bits_ & VUSPLAT(0xFFFu)); \
+        (out) = (vi) (((w_ & VUSPLAT(0x80000000u)) >> 16) | \
+                      VUSEL(shl1_ > VUSPLAT(0xFF000000u), VUSPLAT(0x7E00u), nonsign_)); \
+    } while (0)
+#define VFROM_FP16(out, h) do { \
+        const vu w_ = (vu) (h) << 16, two_ = w_ + w_; \
+        const vf norm_ = (vf) ((two_ >> 4) + VUSPLAT(0xE0u << 23)) * VSPLAT(0x1.0p-112f); \
+        const vf denorm_ = (vf) ((two_ >> 17) | VUSPLAT(126u << 23)) - VSPLAT(0.5f); \
+        (out) = (vf) ((w_ & VUSPLAT(0x80000000u)) | VUSEL(two_ < VUSPLAT(1u << 27), (vu) denorm_, (vu) norm_)); \
+    } while (0)
+#define VSTORE_IF(p, m, v) do { vf old_; VLOAD(old_, (p)); old_ = VSEL((m), (v), old_); VSTORE((p), old_); } while (0)
+
+/* Candidate k of the 8 blocks of group g (inverse scale (qmax + r)/(max - min), capped): its fp16
+ * scale, and a zero job for every block still to solve. */
+GQT_MULTIVERSION
+static void candidate_group(workspace * w, int g, int k, float r, const float * x, const hqq_target * t, int * nj) {
+    const int o = g * LANES, G = t->group;
+    vf MN, MX, SIN, S, Z0, SHF;
+    vi SH, on;
+    VLOAD(MN, w->mn + o);
+    VLOAD(MX, w->mx + o);
+    VLOAD(on, w->status + o);
+    on = on == (vi) VUSPLAT(B_SOLVE);
+    const vf AMN = VABS(MN), AMX = VABS(MX);
+    const vf zcap = VSPLAT(ZERO_CAP) / VSEL(AMN > AMX, AMN, AMX);
+    const vf cap = VSEL(VSPLAT(S_INV_CAP) < zcap, VSPLAT(S_INV_CAP), zcap);
+    SIN = VSPLAT((float) t->qmax + r) / (MX - MN);
+    SIN = VSEL(SIN < cap, SIN, cap);   /* also catches +inf */
+    const vf inv = VSPLAT(1.0f) / SIN;
+    VTO_FP16(SH, inv);
+    VFROM_FP16(SHF, SH);
+    S = VSPLAT(1.0f) / SHF;
+    Z0 = -MN * S;
+    const vi bad = on & ~VFINITE(SHF);
+    float s[LANES], z0[LANES];
+    VSTORE(s, S);
+    VSTORE(z0, Z0);
+    memcpy(w->cand_a + k * BATCH_MAX + o, &SH, sizeof SH);
+    VSTORE(w->cand_af + k * BATCH_MAX + o, SHF);
+    for (int l = 0; l < LANES; l++) {
+        if (!on[l]) continue;
+        if (bad[l]) { w->status[o + l] = GQT_ERR_RANGE; continue; }
+        w->zj[*nj] = (zero_job) {x + (int64_t) (o + l) * G, s[l], z0[l]};
+        w->zj_index[(*nj)++] = k * BATCH_MAX + o + l;
     }
 }
 
-/* nb blocks (x: contiguous) -> w->status, w->a, w->b. The candidates are the min-max inverse scale
- * qmax/(max - min), then (qmax + r)/(max - min) for r in the scale-search steps; each gets hqq's
- * zero loop, and the block keeps the candidate with the lowest squared error (ties: the earlier). */
+/* Group g: of candidates 0..ncand-1, each block keeps the one with the lowest squared error (ties:
+ * the earlier); then `rounds` of least-squares refit of its pair to its codes (x ~ A*q + C, like the
+ * inner step of llama.cpp's make_qkx2_quants), the codes chosen again, each round kept only while it
+ * lowers the block's squared error. The pass that scores a pair also sums its codes for the next round. */
+GQT_MULTIVERSION
+static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_target * t) {
+    const int o = g * LANES, G = t->group;
+    const float * XT = w->XT + (int64_t) o * G;
+    const float qmax = (float) t->qmax, n = (float) G;
+    float sq_a[LANES], sums[3][LANES], sc[LANES], bb[LANES];
+    vf BEST = VSPLAT(INFINITY), AF = VSPLAT(0.0f), BF = AF, SQ, SUM[3] = {AF, AF, AF}, S_X;
+    vi A = (vi) VUSPLAT(0), B = A, on;
+    VLOAD(on, w->status + o);
+    on = on == (vi) VUSPLAT(B_SOLVE);
+    for (int k = 0; k < ncand; k++) {
+        vf SC, Z, BBF;
+        vi BBITS;
+        VLOAD(SC, w->cand_af + k * BATCH_MAX + o);
+        VLOAD(Z, w->cand_z + k * BATCH_MAX + o);
+        const vf zb = t->stock ? -(SC * Z) : Z;   /* Q4_1/Q5_1: m = -scale * zero */
+        VTO_FP16(BBITS, zb);
+        VFROM_FP16(BBF, BBITS);
+        SC = VSEL(on, SC, VSPLAT(0.0f));
+        BBF = VSEL(on, BBF, VSPLAT(0.0f));
+        VSTORE(sc, SC);
+        VSTORE(bb, BBF);
+        grid_group(XT, G, qmax, t->stock, sc, bb, sq_a, rounds ? sums : NULL);
+        VLOAD(SQ, sq_a);
+        const vi take = on & (SQ < BEST);
+        vi CA;
+        memcpy(&CA, w->cand_a + k * BATCH_MAX + o, sizeof CA);
+        BEST = VSEL(take, SQ, BEST);
+        A = (vi) VUSEL(take, CA, A);
+        B = (vi) VUSEL(take, BBITS, B);
+        AF = VSEL(take, SC, AF);
+        BF = VSEL(take, BBF, BF);
+        if (rounds)
+            for (int i = 0; i < 3; i++) {
+                vf v;
+                VLOAD(v, sums[i]);
+                SUM[i] = VSEL(take, v, SUM[i]);
+            }
+    }
+    if (rounds) group_sum(XT, G, sc), VLOAD(S_X, sc);
+    vi live = on;
+    for (int round = 0; round < rounds; round++) {
+        const vf D = VSPLAT(n) * SUM[1] - SUM[0] * SUM[0];
+        const vf NA = (VSPLAT(n) * SUM[2] - SUM[0] * S_X) / D;
+        const vf C = (S_X - NA * SUM[0]) / VSPLAT(n);
+        vi na, nbz;
+        vf naf, nbf;
+        VTO_FP16(na, NA);
+        VFROM_FP16(naf, na);
+        const vf cb = t->stock ? C : -C / naf;
+        VTO_FP16(nbz, cb);
+        VFROM_FP16(nbf, nbz);
+        live &= (D > VSPLAT(0.0f)) & (naf > VSPLAT(0.0f)) & VFINITE(naf) & VFINITE(nbf);
+        int any = 0;
+        for (int l = 0; l < LANES; l++) any |= live[l] != 0;
+        if (!any) break;
+        const vf SC = VSEL(live, naf, VSPLAT(0.0f)), BBF = VSEL(live, nbf, VSPLAT(0.0f));
+        VSTORE(sc, SC);
+        VSTORE(bb, BBF);
+        grid_group(XT, G, qmax, t->stock, sc, bb, sq_a, round + 1 < rounds ? sums : NULL);
+        VLOAD(SQ, sq_a);
+        live &= SQ < BEST;
+        BEST = VSEL(live, SQ, BEST);
+        A = (vi) VUSEL(live, na, A);
+        B = (vi) VUSEL(live, nbz, B);
+        AF = VSEL(live, naf, AF);
+        BF = VSEL(live, nbf, BF);
+        if (round + 1 < rounds)
+            for (int i = 0; i < 3; i++) {
+                vf v;
+                VLOAD(v, sums[i]);
+                SUM[i] = VSEL(live, v, SUM[i]);
+            }
+    }
+    /* blocks not solved here (constant, failed) keep what solve_batch gave them */
+    VSTORE_IF(w->best + o, on, BEST);
+    VSTORE_IF(w->af + o, on, AF);
+    VSTORE_IF(w->bf + o, on, BF);
+    VSTORE_IF((float *) w->a + o, on, (vf) A);
+    VSTORE_IF((float *) w->b + o, on, (vf) B);
+}
+
+/* nb blocks (x: contiguous) -> w->status, w->a/af, w->b/bf. The candidates are the min-max inverse
+ * scale qmax/(max - min), then (qmax + r)/(max - min) for r in the scale-search steps; each gets hqq's
+ * zero loop (all candidates of all blocks share the lanes), then choose_group picks and refits. */
 static void solve_batch(workspace * w, const float * x, int nb, const hqq_target * t, const gqt_hqq_params * p) {
     const int G = t->group;
-    const float qmax = (float) t->qmax;
     const int ngroups = (nb + LANES - 1) / LANES;
-    float sc[LANES], bb[LANES], sq[LANES], sums[3][LANES];
     int finite[LANES];
     for (int g = 0; g < ngroups; g++) {
         float * XT = w->XT + (int64_t) g * LANES * G;
         load_group(XT, x + (int64_t) g * LANES * G, nb - g * LANES < LANES ? nb - g * LANES : LANES, G);
         group_range(XT, G, w->mn + g * LANES, w->mx + g * LANES, finite);
-        for (int l = 0; l < LANES && g * LANES + l < nb; l++) {
+        for (int l = 0; l < LANES; l++) {
             const int b = g * LANES + l;
-            w->best[b] = INFINITY;
+            if (b >= nb) { w->status[b] = 0; continue; }   /* an idle lane */
             if (!finite[l]) { w->status[b] = GQT_ERR_NONFINITE; continue; }
             w->mn[b] = w->mn[b] + 0.0f;   /* -0 -> +0: numpy's min/max may return either zero */
             w->mx[b] = w->mx[b] + 0.0f;
@@ -439,51 +535,12 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
     }
     const int ncand = 1 + 2 * p->scale_search;
     int nj = 0;
-    for (int k = 0; k < ncand; k++) {
-        const float r = k == 0 ? 0.0f : GQT_HQQ_SCALE_STEPS[k - 1];
-        for (int b = 0; b < nb; b++) {
-            if (w->status[b] != B_SOLVE) continue;
-            const float mn = w->mn[b], mx = w->mx[b];
-            const float amn = fabsf(mn), amx = fabsf(mx);
-            const float zcap = ZERO_CAP / (amn > amx ? amn : amx);
-            const float cap = S_INV_CAP < zcap ? S_INV_CAP : zcap;
-            float s_inv = (qmax + r) / (mx - mn);
-            if (!(s_inv < cap)) s_inv = cap;   /* also catches +inf */
-            const uint16_t sh = gqt_fp32_to_fp16(1.0f / s_inv);
-            const float shf = gqt_fp16_to_fp32(sh);
-            if (!isfinite(shf)) { w->status[b] = GQT_ERR_RANGE; continue; }
-            const float s = 1.0f / shf;
-            w->cand_a[k * nb + b] = sh;
-            w->zj[nj] = (zero_job) {x + (int64_t) b * G, s, -mn * s};
-            w->zj_index[nj++] = k * nb + b;
-        }
-    }
-    solve_zero_jobs(w->zj, nj, G, qmax, p, &w->steps);
-    for (int i = 0; i < nj; i++) {
-        const int k = w->zj_index[i];
-        const float z = w->zj[i].z;
-        w->cand_b[k] = t->stock ? gqt_fp32_to_fp16(-(gqt_fp16_to_fp32(w->cand_a[k]) * z)) : gqt_fp32_to_fp16(z);
-    }
-    for (int k = 0; k < ncand; k++)   /* candidate by candidate: ties keep the earlier */
-        for (int g = 0; g < ngroups; g++) {
-            for (int l = 0; l < LANES; l++) {
-                const int b = g * LANES + l;
-                const int on = b < nb && w->status[b] == B_SOLVE;
-                sc[l] = on ? gqt_fp16_to_fp32(w->cand_a[k * nb + b]) : 0.0f;
-                bb[l] = on ? gqt_fp16_to_fp32(w->cand_b[k * nb + b]) : 0.0f;
-            }
-            grid_group(w->XT + (int64_t) g * LANES * G, G, qmax, t->stock, sc, bb, sq, p->refit ? sums : NULL);
-            for (int l = 0; l < LANES; l++) {
-                const int b = g * LANES + l;
-                if (b < nb && w->status[b] == B_SOLVE && sq[l] < w->best[b]) {
-                    w->best[b] = sq[l];
-                    w->a[b] = w->cand_a[k * nb + b];
-                    w->b[b] = w->cand_b[k * nb + b];
-                    if (p->refit) for (int i = 0; i < 3; i++) w->sums[b][i] = sums[i][l];
-                }
-            }
-        }
-    if (p->refit > 0) ls_refit(w, nb, t, p->refit);
+    for (int k = 0; k < ncand; k++)
+        for (int g = 0; g < ngroups; g++)
+            candidate_group(w, g, k, k == 0 ? 0.0f : GQT_HQQ_SCALE_STEPS[k - 1], x, t, &nj);
+    solve_zero_jobs(w->zj, nj, G, (float) t->qmax, p, &w->steps);
+    for (int i = 0; i < nj; i++) w->cand_z[w->zj_index[i]] = w->zj[i].z;
+    for (int g = 0; g < ngroups; g++) choose_group(w, g, ncand, p->refit, t);
 }
 
 static void put16(uint8_t * p, uint16_t v) { memcpy(p, &v, 2); }
@@ -546,16 +603,14 @@ static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, i
                 pack_block(t, FP16_NAN, FP16_NAN, ZERO_CODES, out);
                 if (rc == GQT_OK || w->status[b] == GQT_ERR_NONFINITE) rc = w->status[b];
             } else if (w->status[b] == B_CONST) {
-                pack_block(t, w->a[b], w->b[b], ZERO_CODES, out);
+                pack_block(t, (uint16_t) w->a[b], (uint16_t) w->b[b], ZERO_CODES, out);
             } else if (t->qmax == 15) {
-                put16(out, w->a[b]);
-                put16(out + 2, w->b[b]);
-                block_nibbles(xb + (int64_t) b * t->group, t->group, t->stock,
-                              gqt_fp16_to_fp32(w->a[b]), gqt_fp16_to_fp32(w->b[b]), out + 4);
+                put16(out, (uint16_t) w->a[b]);
+                put16(out + 2, (uint16_t) w->b[b]);
+                block_nibbles(xb + (int64_t) b * t->group, t->group, t->stock, w->af[b], w->bf[b], out + 4);
             } else {
-                block_codes(xb + (int64_t) b * t->group, t->group, (float) t->qmax, t->stock,
-                            gqt_fp16_to_fp32(w->a[b]), gqt_fp16_to_fp32(w->b[b]), q);
-                pack_block(t, w->a[b], w->b[b], q, out);
+                block_codes(xb + (int64_t) b * t->group, t->group, (float) t->qmax, t->stock, w->af[b], w->bf[b], q);
+                pack_block(t, (uint16_t) w->a[b], (uint16_t) w->b[b], q, out);
             }
         }
     }

@@ -29,7 +29,7 @@ extern "C" {
 #define GQT_HQQ_TARGET_Q4_1 3   /* GGML_TYPE_Q4_1 */
 #define GQT_HQQ_TARGET_Q5_1 7   /* GGML_TYPE_Q5_1 */
 #ifndef GQT_ERR_NOMEM
-#define GQT_ERR_NOMEM (-5)   /* the solver's workspace (~80 KiB) could not be allocated */
+#define GQT_ERR_NOMEM (-5)   /* the solver's workspace (~100 KiB) could not be allocated */
 #endif
 
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
