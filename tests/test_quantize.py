@@ -114,16 +114,27 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path, rng, capsys):
     assert plan["output_bytes"] == sum(t.n_bytes for t in GGUFFile(real).tensors)
 
 
-def test_nan_weights_refused_and_no_output(tmp_path, rng, capsys):
+@pytest.mark.parametrize("bad, target", [(np.nan, "Q8_0"), (-np.inf, "Q4_HQQ"), (np.inf, "BF16")])
+def test_nan_weights_refused_and_no_output(tmp_path, rng, capsys, bad, target):
     from .conftest import write_gguf
     w = rng.standard_normal((4, 64)).astype(np.float32)
-    w[2, 5] = np.nan
+    w[2, 5] = bad
     src = write_gguf(tmp_path / "nan.gguf", {"blk.0.attn_q.weight": (w, None)})
     out = tmp_path / "o.gguf"
-    assert _quantize(src, out, "Q8_0") == 1
+    assert _quantize(src, out, target) == 1
     err = capsys.readouterr().err
-    assert "blk.0.attn_q.weight" in err and "nan at row 2, column 5" in err and "Traceback" not in err
+    assert "blk.0.attn_q.weight" in err and f"{bad} at row 2, column 5" in err and "Traceback" not in err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["nan.gguf"]
+
+
+def test_huge_finite_weights_are_not_mistaken_for_inf(tmp_path, rng):
+    """The NaN/Inf check first sums a chunk: values whose sum overflows must still pass."""
+    from .conftest import write_gguf
+    w = np.full((4, 64), 3e38, np.float32)
+    src = write_gguf(tmp_path / "big.gguf", {"blk.0.attn_q.weight": (w, None)})
+    out = tmp_path / "o.gguf"
+    assert _quantize(src, out, "F32") == 0
+    assert np.array_equal(GGUFFile(out).tensor("blk.0.attn_q.weight").data, w)
 
 
 def test_refusals_are_clean_errors(tmp_path, smollm2, capsys):

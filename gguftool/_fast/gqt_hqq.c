@@ -102,17 +102,42 @@ static void load_lane(float * X, int l, const float * src, int G) {
     for (int j = 0; j < G; j++) X[LANES * j + l] = src ? src[j] : 0.0f;
 }
 
-/* The n <= LANES consecutive blocks at x into the lanes of X (the rest idle, zeros); row by row of X,
- * so the stores are contiguous. */
+/* The n <= LANES consecutive blocks at x into the lanes of X (the rest idle, zeros): an 8 x 8
+ * transpose in registers per 8 values of each block (_MM256_TRANSPOSE8_PS's shuffles). */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SHUF __builtin_shufflevector
 GQT_MULTIVERSION
 static void load_group(float * X, const float * x, int n, int G) {
     if (n < LANES) {
         for (int l = 0; l < LANES; l++) load_lane(X, l, l < n ? x + (int64_t) l * G : NULL, G);
         return;
     }
-    for (int j = 0; j < G; j++)
-        for (int l = 0; l < LANES; l++) X[LANES * j + l] = x[l * G + j];
+    for (int j = 0; j < G; j += LANES) {
+        vf r[LANES], t[LANES], u[LANES];
+        for (int l = 0; l < LANES; l++) VLOAD(r[l], x + (int64_t) l * G + j);
+        for (int i = 0; i < LANES; i += 2) {
+            t[i] = SHUF(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+            t[i + 1] = SHUF(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+        }
+        for (int i = 0; i < LANES; i += 4)
+            for (int h = 0; h < 2; h++) {
+                u[i + 2 * h] = SHUF(t[i + h], t[i + 2 + h], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 2 * h + 1] = SHUF(t[i + h], t[i + 2 + h], 2, 3, 10, 11, 6, 7, 14, 15);
+            }
+        for (int c = 0; c < 4; c++) {   /* u[c] holds elements c and c+4 of blocks 0-3, u[c+4] of 4-7 */
+            const vf lo = SHUF(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+            const vf hi = SHUF(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+            VSTORE(X + LANES * (j + c), lo);
+            VSTORE(X + LANES * (j + c + 4), hi);
+        }
+    }
 }
+#undef SHUF
+#else
+static void load_group(float * X, const float * x, int n, int G) {
+    for (int l = 0; l < LANES; l++) load_lane(X, l, l < n ? x + (int64_t) l * G : NULL, G);
+}
+#endif
 
 /* beta and the shrink's threshold at each step, filled lazily: most blocks stop within a few steps. */
 typedef struct {
