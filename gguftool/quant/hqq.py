@@ -37,7 +37,7 @@ Differences from hqq, on purpose:
   error (the plain min-max candidate first; ties keep the earlier), then refit as above.
   Measured relative MSE as a fraction of llama.cpp's Q4_1 (gguf.quants), N(0, 0.02^2) data: plain
   HQQ 0.898 (the hqq package: 0.894), refit=2 (the default) 0.852, scale_search=1 0.799, at about
-  1.3x and 2.5x plain's solver time (scripts/bench_hqq_quality.py, docs/hqq.md).
+  1.25x and 2.2x plain's solver time (scripts/bench_hqq_quality.py, docs/hqq.md).
 * Per-block vs per-tensor early stop, measured: with hqq's per-tensor rule the g32 MSE is ~0.4%
   lower (Gaussian: 0.894 vs 0.898 of Q4_1; the hqq package itself gives 0.894), because some blocks
   stop one or two steps early on their own noisy error; early_stop=0 (all 20 steps) recovers it.
@@ -88,7 +88,7 @@ _ZERO_CAP = F32(60000.0)       # |zero| stays below fp16's max (65504)
 @dataclass(frozen=True)
 class HQQParams:
     """Solver parameters. lp_norm..iters are hqq's defaults. The refit is on by default: it lowers the
-    squared error ~5% below plain HQQ for ~1.3x the solver's time; the scale search lowers it ~6%
+    squared error ~5% below plain HQQ for ~1.25x the solver's time; the scale search lowers it ~6%
     further for ~2x more (see the module docstring). refit=0, scale_search=0 is plain HQQ."""
     lp_norm: float = 0.7     # p of the sparse-error "norm", 0 < p <= 1
     beta: float = 10.0       # initial penalty; the shrink threshold is |x|^(p-1) / beta
