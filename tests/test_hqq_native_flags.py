@@ -1,8 +1,9 @@
 """The same gqt_hqq.c compiled the way the native llama.cpp build compiles it (-O3 -march=native
 -ffp-contract=off, gnu11) must write the known-answer bytes too: byte parity may not depend on the
 compiler's optimisation level, the host's SIMD or the compiler: gcc and clang with -march=native, and
-gcc for baseline x86-64 (ggml-base's flags, where the solver's AVX2 clone is picked at load time).
-Skipped for a compiler that is not installed."""
+gcc for baseline x86-64 (ggml-base's flags, where the solver's AVX2 clone is picked at load time),
+and gcc for arm64 (a phone build: NEON, run under qemu-aarch64). Skipped for a compiler or an
+emulator that is not installed."""
 from __future__ import annotations
 
 import ctypes
@@ -65,3 +66,58 @@ def test_native_build_matches_known_answers(native_lib):
                                                   ctypes.byref(p))
             assert rc == 0
             assert np.array_equal(out, want), f"{target} {pname}: native build differs"
+
+
+# reads "target rows n lp_norm beta kappa iters early_stop scale_search refit\n" and rows*n floats,
+# writes the quantized rows
+_ARM_HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "gqt_hqq.h"
+int main(void) {
+    int target, rows, n;
+    gqt_hqq_params p;
+    if (scanf("%d %d %d %f %f %f %d %d %d %d", &target, &rows, &n, &p.lp_norm, &p.beta, &p.kappa, &p.iters,
+              &p.early_stop, &p.scale_search, &p.refit) != 10 || getchar() != '\n') return 2;
+    float * x = malloc(sizeof(float) * rows * n);
+    const size_t rb = gqt_hqq_row_size(target, n);
+    unsigned char * y = malloc(rb * rows);
+    if (!x || !y || fread(x, sizeof(float), (size_t) rows * n, stdin) != (size_t) rows * n) return 3;
+    if (gqt_hqq_quantize_rows(target, x, y, rows, n, &p) != GQT_OK) return 4;
+    fwrite(y, 1, rb * rows, stdout);
+    return 0;
+}
+"""
+
+
+def test_arm64_build_matches_known_answers(tmp_path):
+    from dataclasses import asdict
+
+    from tests.test_hqq_kat import PARAM_SETS, TARGETS
+
+    from gguftool.quant.hqq import DEFAULTS
+    from gguftool.quant.hqq import TARGETS as INFO
+    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if not cc or not qemu:
+        pytest.skip("aarch64-linux-gnu-gcc or qemu-aarch64 missing (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    (tmp_path / "h.c").write_text(_ARM_HARNESS)
+    exe = tmp_path / "h"
+    cmd = [cc, "-O3", "-march=armv8.2-a+dotprod", "-ffp-contract=off", "-std=gnu11", "-static", f"-I{FAST}",
+           str(tmp_path / "h.c"), str(FAST / "gqt_hqq.c"), "-lm", "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)} failed: {r.stderr[:2000]}"
+    with np.load(KAT) as f:
+        kat = dict(f)
+    x = np.ascontiguousarray(kat["x"], np.float32)
+    for target in TARGETS:
+        for pname, prm in PARAM_SETS.items():
+            p = {**asdict(DEFAULTS), **prm}
+            head = " ".join(str(v) for v in (
+                INFO[target][0], *x.shape, *(repr(float(np.float32(p[k]))) for k in ("lp_norm", "beta", "kappa")),
+                p["iters"], p["early_stop"], p["scale_search"], p["refit"]))
+            out = subprocess.run([qemu, str(exe)], input=head.encode() + b"\n" + x.tobytes(),
+                                 capture_output=True, timeout=120)
+            assert out.returncode == 0, out.stderr[-500:]
+            want = kat[f"{target}/{pname}"]
+            assert np.array_equal(np.frombuffer(out.stdout, np.uint8).reshape(want.shape), want), \
+                f"{target} {pname}: arm64 build differs"
