@@ -111,6 +111,7 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path, rng, capsys):
     assert {r["name"] for r in plan["tensors"]} == {t.name for t in GGUFFile(src).tensors}
     real = tmp_path / "real.gguf"
     assert _quantize(src, real, "Q4_1") == 0
+    assert GGUFFile(real).get("gguftool.hqq.defaults") is None   # recorded only where the HQQ solver ran
     assert plan["output_bytes"] == sum(t.n_bytes for t in GGUFFile(real).tensors)
 
 

@@ -66,6 +66,11 @@ def test_recipe_rules_params_and_record(tmp_path, rng, capsys):
     assert f.tensor("blk.0.attn_q.weight").type.name == "Q4_0"
     assert f.get("gguftool.recipe.name") == "mine" and f.get("gguftool.recipe.toml") == r.read_text()
     assert f.get("gguftool.version")
+    import json
+    from dataclasses import asdict
+
+    from gguftool.quant.hqq import HQQParams
+    assert json.loads(f.get("gguftool.hqq.defaults")) == asdict(HQQParams())   # the solver's defaults, kept
     # the HQQ solver really ran for the Q5_1 rule: not the reference quantizer's bytes
     from gguf import GGMLQuantizationType, quants
     x = GGUFFile(src).tensor("blk.0.attn_v.weight").data

@@ -1,6 +1,8 @@
 """Requantize a GGUF file by a plan, streaming tensor by tensor (row chunks for big tensors)."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,10 @@ def solver_params(c: Codec, params: dict[str, Any]) -> dict[str, Any]:
     if "solver" in c.params:  # a stock layout: parameters apply only with the hqq solver
         return dict(params) if params.get("solver", "ref") != "ref" else {}
     return {k: v for k, v in params.items() if k in c.params}
+
+
+def _uses_hqq(type_name: str, params: dict[str, Any]) -> bool:
+    return type_name in ("Q4_HQQ", "Q4_HQQ_128") or params.get("solver") == "hqq"
 
 
 def dequantize_rows(src: GGUFFile, t: Tensor, r0: int, r1: int) -> np.ndarray:
@@ -70,7 +76,11 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
     elif "general.file_type" in getattr(src, "fields", {}):
         w._w.kv_data[0].pop("general.file_type", None)  # no llama_ftype for our types: let llama.cpp guess
-    w.add_tool_record({"quantize.target": target, **(record or {})})
+    record = {"quantize.target": target, **(record or {})}
+    if any(s.action == "quantize" and _uses_hqq(s.out_type.name, {**params, **s.params}) for s in plan.steps):
+        from ..quant.hqq import DEFAULTS   # the solver's defaults change between versions: keep them with the file
+        record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)
+    w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
     with w.session(), bar(plan.in_bytes, f"quantize {Path(out_path).name}") as pb:
