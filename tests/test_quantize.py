@@ -181,3 +181,17 @@ def test_f16_decoder_is_exact_for_every_pattern():
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(ours[1]), nan)
     assert np.array_equal(ours[1][~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
+def test_hqq_parameters_checked_before_writing_and_ignored_ones_named(tmp_path, rng, capsys, monkeypatch):
+    from gguftool.quant import hqq
+    src = tiny_llama(tmp_path / "t.gguf", rng)
+    out = tmp_path / "o.gguf"
+    calls = []
+    monkeypatch.setattr(hqq, "quantize_hqq", lambda *a, **k: calls.append(1))   # must not be reached
+    assert _quantize(src, out, "Q4_HQQ", "--hqq-refit", "9") == 1
+    assert "HQQ refit must be in 0..8, got 9" in capsys.readouterr().err
+    assert not calls and not out.exists()
+    monkeypatch.undo()
+    assert _quantize(src, out, "Q4_1", "--hqq-refit", "1") == 0    # the reference Q4_1 takes no HQQ parameter
+    assert "HQQ parameters ['refit'] ignored" in capsys.readouterr().err

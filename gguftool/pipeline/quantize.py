@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,15 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
     elif "general.file_type" in getattr(src, "fields", {}):
         w._w.kv_data[0].pop("general.file_type", None)  # no llama_ftype for our types: let llama.cpp guess
     record = {"quantize.target": target, **(record or {})}
-    if any(s.action == "quantize" and _uses_hqq(s.out_type.name, {**params, **s.params}) for s in plan.steps):
-        from ..quant.hqq import DEFAULTS   # the solver's defaults change between versions: keep them with the file
-        record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)
+    hqq_steps = [s for s in plan.steps if s.action == "quantize" and _uses_hqq(s.out_type.name, {**params, **s.params})]
+    if hqq_steps:
+        from ..quant.hqq import DEFAULTS, HQQParams
+        for s in hqq_steps:   # a bad parameter fails here, before anything is written
+            HQQParams.make(**solver_params(codec(s.out_type.name), {**params, **s.params}))
+        record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)   # they change between versions
+    elif set(params) - {"solver"}:
+        print(f"warning: HQQ parameters {sorted(set(params) - {'solver'})} ignored: no tensor uses the HQQ solver "
+              "(Q4_1/Q5_1 need --solver hqq)", file=sys.stderr)
     w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
