@@ -23,8 +23,6 @@ cdef extern from "gqt_hqq.h" nogil:
                                          const void * vy, size_t by, int nrc)
     void gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k)
     void gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k)
-    void gqt_quantize_row_q4_hqq(const float * x, void * y, int64_t k)
-    void gqt_quantize_row_q4_hqq_128(const float * x, void * y, int64_t k)
     size_t gqt_quantize_q4_hqq(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix)
     size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix)
     void gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k)
@@ -75,22 +73,15 @@ def quantize_rows_default(int target, const float[:, ::1] x, unsigned char[:, ::
     return n
 
 
-def quantize_row_ref(int target, const float[::1] x, unsigned char[::1] out, bint plain=False):
-    """gqt_quantize_row_q4_hqq*_ref (defaults) or, plain=True, gqt_quantize_row_q4_hqq* (plain HQQ)
-    over one row (k = len(x))."""
+def quantize_row_ref(int target, const float[::1] x, unsigned char[::1] out):
+    """gqt_quantize_row_q4_hqq*_ref (defaults; ggml's from_float and from_float_ref) over one row (k = len(x))."""
     if target not in (512, 513) or <size_t> out.shape[0] != gqt_hqq_row_size(target, x.shape[0]) or x.shape[0] == 0:
         raise ValueError("quantize_row_ref: bad target or sizes")
     with nogil:
         if target == 512:
-            if plain:
-                gqt_quantize_row_q4_hqq(&x[0], &out[0], x.shape[0])
-            else:
-                gqt_quantize_row_q4_hqq_ref(&x[0], &out[0], x.shape[0])
+            gqt_quantize_row_q4_hqq_ref(&x[0], &out[0], x.shape[0])
         else:
-            if plain:
-                gqt_quantize_row_q4_hqq_128(&x[0], &out[0], x.shape[0])
-            else:
-                gqt_quantize_row_q4_hqq_128_ref(&x[0], &out[0], x.shape[0])
+            gqt_quantize_row_q4_hqq_128_ref(&x[0], &out[0], x.shape[0])
 
 
 def dequantize_rows(int target, const unsigned char[:, ::1] data, float[:, ::1] out):

@@ -677,7 +677,10 @@ int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t n
     return GQT_OK;
 }
 
-/* ------------------------------------------------------------------ ggml type-trait entry points */
+/* ------------------------------------------------------------------ ggml type-trait entry points
+ * Default parameters everywhere: weights (quantize_*, from_float_ref) and, through from_float, every
+ * new KV-cache row (the refit costs ~1.25x plain HQQ's time there, and took SmolLM2's q4_hqq/q4_hqq
+ * cache from 23.65 to 23.36 perplexity, docs/native.md). */
 
 static void quantize_row_default(int target, const float * x, void * y, int64_t k) {
     hqq_target t;
@@ -685,24 +688,6 @@ static void quantize_row_default(int target, const float * x, void * y, int64_t 
     target_info(target, &t);
     gqt_hqq_default_params(&p);
     quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
-}
-
-static void quantize_row_plain(int target, const float * x, void * y, int64_t k) {
-    hqq_target t;
-    gqt_hqq_params p;
-    target_info(target, &t);
-    gqt_hqq_default_params(&p);
-    p.scale_search = 0;
-    p.refit = 0;
-    quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
-}
-
-void gqt_quantize_row_q4_hqq(const float * x, void * y, int64_t k) {
-    quantize_row_plain(GQT_TYPE_Q4_HQQ, x, y, k);
-}
-
-void gqt_quantize_row_q4_hqq_128(const float * x, void * y, int64_t k) {
-    quantize_row_plain(GQT_TYPE_Q4_HQQ_128, x, y, k);
 }
 
 void gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k) {

@@ -60,7 +60,8 @@ int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t n
 /* Bytes per row, or 0 for an unknown target / n_per_row not a multiple of the block. */
 size_t gqt_hqq_row_size(int target, int64_t n_per_row);
 
-/* ggml type-trait signatures (default parameters). A block holding NaN/Inf, or values too large
+/* ggml type-trait signatures (default parameters; the _ref row quantizers are also the CPU backend's
+ * from_float, which quantizes every new KV-cache row). A block holding NaN/Inf, or values too large
  * for fp16, is written with NaN scale and zero so ggml_validate_row_data-style checks catch it. */
 void   gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k);
 void   gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k);
@@ -70,10 +71,6 @@ void   gqt_vec_dot_q4_hqq_q8_1_ref(int n, float * s, size_t bs, const void * vx,
 
 void   gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k);
 
-/* Plain HQQ (scale_search = 0, refit = 0), faster than the defaults: for the CPU backend's from_float,
- * where the KV cache quantizes every new token on the fly. Weights use the _ref / quantize_ forms. */
-void   gqt_quantize_row_q4_hqq(const float * x, void * y, int64_t k);
-void   gqt_quantize_row_q4_hqq_128(const float * x, void * y, int64_t k);
 void   gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k);
 size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 void   gqt_vec_dot_q4_hqq_128_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,

@@ -93,13 +93,8 @@ def _cpu_traits() -> str:
         "Q4_HQQ_128": ("gqt_vec_dot_q4_hqq_128_q8_1", "GGML_TYPE_Q8_1"),
         "TQ3_0": ("gqt_vec_dot_tq3_0_q8_0", "GGML_TYPE_Q8_0"),
     }
-    # from_float quantizes activations and every new KV-cache row at run time: the HQQ types use
-    # the plain-HQQ row quantizer (no scale search, ~3.5x faster than the weight defaults)
-    from_float = {
-        "Q4_HQQ": "gqt_quantize_row_q4_hqq",
-        "Q4_HQQ_128": "gqt_quantize_row_q4_hqq_128",
-        "TQ3_0": "gqt_quantize_row_tq3_0_ref",
-    }
+    # from_float quantizes every new KV-cache row at run time: the weights' row quantizer, defaults included
+    from_float = {t.name: f"gqt_quantize_row_{t.name.lower()}_ref" for t in gtypes.CUSTOM_TYPES}
     out = ["    // gguftool types: HQQ pairs with Q8_1 like Q4_1 (x = d*q + m), TQ3_0 with Q8_0\n"]
     for t in gtypes.CUSTOM_TYPES:
         fn, vdt = vec_dot[t.name]
