@@ -306,6 +306,7 @@ def test_ggml_entry_points(target):
     _hqq.quantize_row_ref(tid, x[0], row)
     assert np.isnan(row[:4].view(np.float16)).all()
     assert np.array_equal(row[BY_NAME[target].type_size:], want[0, BY_NAME[target].type_size:])
+    assert (_hqq.SCALE_SEARCH_MAX, _hqq.REFIT_MAX) == (H.SCALE_SEARCH_MAX, H.REFIT_MAX)   # C limits == Python's
     c_defaults = _hqq.default_params()   # gqt_hqq_default_params == HQQParams() (floats as float32)
     assert c_defaults == {k: (float(F32(v)) if isinstance(v, float) else v) for k, v in vars(H.DEFAULTS).items()}
 

@@ -195,3 +195,7 @@ def test_hqq_parameters_checked_before_writing_and_ignored_ones_named(tmp_path, 
     monkeypatch.undo()
     assert _quantize(src, out, "Q4_1", "--hqq-refit", "1") == 0    # the reference Q4_1 takes no HQQ parameter
     assert "HQQ parameters ['refit'] ignored" in capsys.readouterr().err
+    out.unlink()
+    assert _quantize(src, out, "Q4_0", "--solver", "hqq") == 0       # Q4_0 has no HQQ solver
+    assert "HQQ parameters ['solver'] ignored" in capsys.readouterr().err
+    assert GGUFFile(out).get("gguftool.hqq.defaults") is None

@@ -375,10 +375,9 @@ typedef struct {
     int zj_index[CAND_MAX * BATCH_MAX];     /* candidate * BATCH_MAX + block of each zero job */
     int32_t cand_a[CAND_MAX * BATCH_MAX];   /* a candidate's fp16 scale (d), its value, its zero */
     float cand_af[CAND_MAX * BATCH_MAX], cand_z[CAND_MAX * BATCH_MAX];
-    float mn[BATCH_MAX], mx[BATCH_MAX], best[BATCH_MAX];
+    float mn[BATCH_MAX], mx[BATCH_MAX];
     int32_t a[BATCH_MAX], b[BATCH_MAX];     /* the chosen fp16 pair (bits), and its values */
     float af[BATCH_MAX], bf[BATCH_MAX];
-    float sums[3][BATCH_MAX];               /* sums of q, q^2, q*x of each block's current codes */
     int32_t status[BATCH_MAX];
     step_table steps;
 } workspace;
@@ -525,7 +524,6 @@ static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_
             }
     }
     /* blocks not solved here (constant, failed) keep what solve_batch gave them */
-    VSTORE_IF(w->best + o, on, BEST);
     VSTORE_IF(w->af + o, on, AF);
     VSTORE_IF(w->bf + o, on, BF);
     VSTORE_IF((float *) w->a + o, on, (vf) A);

@@ -29,7 +29,8 @@ def solver_params(c: Codec, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _uses_hqq(type_name: str, params: dict[str, Any]) -> bool:
-    return type_name in ("Q4_HQQ", "Q4_HQQ_128") or params.get("solver") == "hqq"
+    """Q4_HQQ/Q4_HQQ_128, or a stock layout that takes a solver (Q4_1, Q5_1) with solver "hqq"."""
+    return type_name in ("Q4_HQQ", "Q4_HQQ_128") or ("solver" in codec(type_name).params and params.get("solver") == "hqq")
 
 
 def dequantize_rows(src: GGUFFile, t: Tensor, r0: int, r1: int) -> np.ndarray:
@@ -84,9 +85,9 @@ def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int 
         for s in hqq_steps:   # a bad parameter fails here, before anything is written
             HQQParams.make(**solver_params(codec(s.out_type.name), {**params, **s.params}))
         record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)   # they change between versions
-    elif set(params) - {"solver"}:
-        print(f"warning: HQQ parameters {sorted(set(params) - {'solver'})} ignored: no tensor uses the HQQ solver "
-              "(Q4_1/Q5_1 need --solver hqq)", file=sys.stderr)
+    elif ignored := sorted(k for k, v in params.items() if k != "solver" or v == "hqq"):
+        print(f"warning: HQQ parameters {ignored} ignored: no tensor uses the HQQ solver "
+              "(it fills Q4_HQQ, Q4_HQQ_128, and Q4_1/Q5_1 with --solver hqq)", file=sys.stderr)
     w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
