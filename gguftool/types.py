@@ -25,8 +25,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+from .errors import GgufToolError
 
 GGUFTOOL_ID_RANGE = range(512, 544)
+UPSTREAM_TYPE_COUNT = 43  # GGML_TYPE_COUNT of the pinned llama.cpp (ggml 0.25.3): upstream ids are 0..42
 # Ranges that other projects use or will use; an id here is a collision.
 FOREIGN_RANGES = {
     "upstream ggml (incl. growth zone)": range(0, 128),
@@ -36,13 +40,13 @@ FOREIGN_RANGES = {
 
 
 @dataclass(frozen=True)
-class CustomType:
+class TensorType:
+    """A GGML tensor type: what every layer needs to size, label and pair its data."""
     name: str            # GGUF/Python name, upper case (ggml's type_name is name.lower())
     id: int
     block_size: int      # values per block
     type_size: int       # bytes per block
-    layout_version: int
-    doc: str
+    custom: ClassVar[bool] = False
 
     @property
     def bpw(self) -> float:
@@ -52,14 +56,36 @@ class CustomType:
     def ggml_name(self) -> str:
         return self.name.lower()
 
+    @property
+    def quantized(self) -> bool:
+        return self.block_size > 1 or self.name == "BF16"
+
+
+@dataclass(frozen=True)
+class CustomType(TensorType):
+    """One of gguftool's own types: everything the Python package, the C kernels and the llama.cpp
+    integration need to know about it. Adding a type is one entry here plus its kernels."""
+    layout_version: int
+    doc: str
+    family: str          # gguftool.quant.<family> holds its codec, gqt_<family>.[ch] its kernels
+    code_bits: int       # bits per stored code (4-bit HQQ codes: 0..15)
+    fp16_fields: int     # leading fp16 fields of a block (scale[, zero]): ggml_validate_row_data checks them
+    vec_dot_type: str    # ggml's activation type it is multiplied with (what the block's math pairs with)
+    fallback: str | None = None   # type used where a row does not divide block_size (None: llama.cpp's rule)
+    kv_cache: bool = True         # accepted by --cache-type-k/-v
+    custom: ClassVar[bool] = True
+
 
 CUSTOM_TYPES: tuple[CustomType, ...] = (
     CustomType("Q4_HQQ", 512, 32, 20, 1,
-               "fp16 scale, fp16 zero, 16 B of 4-bit codes (byte j: code j | code j+16 << 4); x = (q - zero) * scale"),
+               "fp16 scale, fp16 zero, 16 B of 4-bit codes (byte j: code j | code j+16 << 4); x = (q - zero) * scale",
+               family="hqq", code_bits=4, fp16_fields=2, vec_dot_type="Q8_1"),
     CustomType("Q4_HQQ_128", 513, 128, 68, 1,
-               "fp16 scale, fp16 zero, 64 B of codes packed as four Q4_HQQ-style 32-value sub-blocks; x = (q - zero) * scale"),
+               "fp16 scale, fp16 zero, 64 B of codes packed as four Q4_HQQ-style 32-value sub-blocks; x = (q - zero) * scale",
+               family="hqq", code_bits=4, fp16_fields=2, vec_dot_type="Q8_1", fallback="Q4_HQQ"),
     CustomType("TQ3_0", 514, 32, 14, 1,
-               "fp16 scale, 12 B of 3-bit Lloyd-Max indices of the sign-flipped Walsh-Hadamard rotated block"),
+               "fp16 scale, 12 B of 3-bit Lloyd-Max indices of the sign-flipped Walsh-Hadamard rotated block",
+               family="tq3", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0"),
 )
 RETIRED: tuple[CustomType, ...] = ()  # never reuse these ids
 
@@ -67,15 +93,64 @@ BY_NAME = {t.name: t for t in CUSTOM_TYPES}
 BY_ID = {t.id: t for t in CUSTOM_TYPES}
 RETIRED_IDS = {t.id: t for t in RETIRED}
 
+# Stock types gguftool writes, bit-identical to llama.cpp's reference quantizers (gguf.quants).
+STOCK_PRODUCIBLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+PRODUCIBLE = STOCK_PRODUCIBLE + tuple(BY_NAME)
+# Stock layouts the HQQ solver can also fill (x = d*q + m, Q4_HQQ's math): name -> bits per code.
+HQQ_STOCK_TARGETS = {"Q4_1": 4, "Q5_1": 5}
+# Stock KV-cache types gguftool sizes and validates, most bits first (llama.cpp also takes iq4_nl).
+STOCK_CACHE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0")
+CACHE_TYPES = tuple(n.lower() for n in STOCK_CACHE_TYPES) + tuple(t.ggml_name for t in CUSTOM_TYPES if t.kv_cache)
+
 # GGUF metadata keys under which a file records the custom types it uses.
 META_PREFIX = "gguftool.type."
 META_FIELDS = ("id", "block_size", "type_size", "layout_version")
+
+
+def hqq_targets() -> dict[str, TensorType]:
+    """Every type the HQQ solver writes: ours of the hqq family, then the stock layouts."""
+    return {**{t.name: t for t in CUSTOM_TYPES if t.family == "hqq"},
+            **{n: stock(n) for n in HQQ_STOCK_TARGETS}}
+
+
+def code_bits(t: TensorType) -> int:
+    return t.code_bits if isinstance(t, CustomType) else HQQ_STOCK_TARGETS[t.name]
 
 
 def lookup(name_or_id: str | int) -> CustomType | None:
     if isinstance(name_or_id, int):
         return BY_ID.get(name_or_id)
     return BY_NAME.get(name_or_id.upper())
+
+
+def stock(name: str) -> TensorType:
+    """An upstream type by name, sized by the installed gguf package."""
+    import gguf
+
+    t = gguf.GGMLQuantizationType[name]
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    return TensorType(t.name, int(t), block, size)
+
+
+def tensor_type(type_id: int, where: str = "") -> TensorType:
+    """The type behind a GGUF type id, or a clear error for ids we cannot read."""
+    import gguf
+
+    custom = lookup(type_id)
+    if custom is not None:
+        return custom
+    try:
+        return stock(gguf.GGMLQuantizationType(type_id).name)
+    except ValueError:
+        if type_id in RETIRED_IDS:
+            problem = f"type id {type_id} is the retired gguftool type {RETIRED_IDS[type_id].name}"
+        elif type_id in GGUFTOOL_ID_RANGE:
+            problem = f"type id {type_id} is in gguftool's range but unknown to this version (written by a newer gguftool?)"
+        elif type_id < UPSTREAM_TYPE_COUNT:
+            problem = f"type id {type_id} is an upstream ggml type that the installed gguf package does not know"
+        else:
+            problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
+        raise GgufToolError(f"{where}{problem}", hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it")
 
 
 def collisions(upstream_ids: dict[str, int] | None = None) -> list[str]:
@@ -121,6 +196,12 @@ def render_c_header() -> str:
             "",
         ]
     lines.append(f"#define GQT_TYPE_MAX {max(t.id for t in CUSTOM_TYPES)}")
+    lines.append("")
+    lines.append("/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */")
+    for n in HQQ_STOCK_TARGETS:
+        t = stock(n)
+        lines += [f"#define GQT_HQQ_TARGET_{n} {t.id}", f"#define GQT_{n}_BLOCK {t.block_size}",
+                  f"#define GQT_{n}_BYTES {t.type_size}"]
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,11 @@ cdef extern from "gqt_hqq.h" nogil:
         int early_stop
         int scale_search
         int refit
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM, GQT_HQQ_SCALE_SEARCH_MAX, GQT_HQQ_REFIT_MAX
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM
+    int GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, GQT_Q4_HQQ_BLOCK, GQT_Q4_HQQ_128_BLOCK
+    int GQT_HQQ_SCALE_SEARCH_MAX, GQT_HQQ_REFIT_MAX, GQT_HQQ_ITERS_MAX
+    float GQT_HQQ_S_INV_CAP, GQT_HQQ_ZERO_CAP
+    float gqt_hqq_scale_step(int i)
     int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                               const gqt_hqq_params * p)
     int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row)
@@ -28,9 +32,20 @@ cdef extern from "gqt_hqq.h" nogil:
     void gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k)
     void gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k)
 
-ERRORS = {GQT_ERR_NONFINITE: "NONFINITE", GQT_ERR_SHAPE: "SHAPE", GQT_ERR_RANGE: "RANGE", GQT_ERR_PARAM: "PARAM", GQT_ERR_NOMEM: "NOMEM"}
+# What gqt_hqq.h owns, for the numpy reference and the checks in quant/hqq.py.
+OK, ERR_NONFINITE, ERR_SHAPE, ERR_RANGE, ERR_PARAM, ERR_NOMEM = (
+    GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM)
 SCALE_SEARCH_MAX = GQT_HQQ_SCALE_SEARCH_MAX
 REFIT_MAX = GQT_HQQ_REFIT_MAX
+ITERS_MAX = GQT_HQQ_ITERS_MAX
+S_INV_CAP = GQT_HQQ_S_INV_CAP
+ZERO_CAP = GQT_HQQ_ZERO_CAP
+SCALE_STEPS = tuple(gqt_hqq_scale_step(i) for i in range(2 * GQT_HQQ_SCALE_SEARCH_MAX))
+
+
+cdef inline bint ours(int target):
+    """Q4_HQQ or Q4_HQQ_128: the types with ggml entry points (the stock targets have ggml's own)."""
+    return target == GQT_TYPE_Q4_HQQ or target == GQT_TYPE_Q4_HQQ_128
 
 
 def default_params():
@@ -59,14 +74,14 @@ def quantize_rows(int target, const float[:, ::1] x, unsigned char[:, ::1] out, 
 def quantize_rows_default(int target, const float[:, ::1] x, unsigned char[:, ::1] out):
     """The ggml type-trait entry points (quantize_q4_hqq*: default parameters); returns bytes written."""
     cdef size_t n
-    if target not in (512, 513):
-        raise ValueError("quantize_rows_default: target must be Q4_HQQ (512) or Q4_HQQ_128 (513)")
+    if not ours(target):
+        raise ValueError("quantize_rows_default: target must be Q4_HQQ or Q4_HQQ_128")
     if x.shape[0] == 0:
         return 0
     if <size_t> out.shape[1] != gqt_hqq_row_size(target, x.shape[1]) or out.shape[0] != x.shape[0]:
         raise ValueError("shape")
     with nogil:
-        if target == 512:
+        if target == GQT_TYPE_Q4_HQQ:
             n = gqt_quantize_q4_hqq(&x[0, 0], &out[0, 0], x.shape[0], x.shape[1], NULL)
         else:
             n = gqt_quantize_q4_hqq_128(&x[0, 0], &out[0, 0], x.shape[0], x.shape[1], NULL)
@@ -75,10 +90,10 @@ def quantize_rows_default(int target, const float[:, ::1] x, unsigned char[:, ::
 
 def quantize_row_ref(int target, const float[::1] x, unsigned char[::1] out):
     """gqt_quantize_row_q4_hqq*_ref (defaults; ggml's from_float and from_float_ref) over one row (k = len(x))."""
-    if target not in (512, 513) or <size_t> out.shape[0] != gqt_hqq_row_size(target, x.shape[0]) or x.shape[0] == 0:
+    if not ours(target) or <size_t> out.shape[0] != gqt_hqq_row_size(target, x.shape[0]) or x.shape[0] == 0:
         raise ValueError("quantize_row_ref: bad target or sizes")
     with nogil:
-        if target == 512:
+        if target == GQT_TYPE_Q4_HQQ:
             gqt_quantize_row_q4_hqq_ref(&x[0], &out[0], x.shape[0])
         else:
             gqt_quantize_row_q4_hqq_128_ref(&x[0], &out[0], x.shape[0])
@@ -97,10 +112,10 @@ def dequantize_rows(int target, const unsigned char[:, ::1] data, float[:, ::1] 
 
 def dequantize_row(int target, const unsigned char[::1] data, float[::1] out):
     """gqt_dequantize_row_q4_hqq* over one row."""
-    if target not in (512, 513) or <size_t> data.shape[0] != gqt_hqq_row_size(target, out.shape[0]) or out.shape[0] == 0:
+    if not ours(target) or <size_t> data.shape[0] != gqt_hqq_row_size(target, out.shape[0]) or out.shape[0] == 0:
         raise ValueError("dequantize_row: bad target or sizes")
     with nogil:
-        if target == 512:
+        if target == GQT_TYPE_Q4_HQQ:
             gqt_dequantize_row_q4_hqq(&data[0], &out[0], out.shape[0])
         else:
             gqt_dequantize_row_q4_hqq_128(&data[0], &out[0], out.shape[0])
@@ -109,13 +124,13 @@ def dequantize_row(int target, const unsigned char[::1] data, float[::1] out):
 def vec_dot_q8_1(int target, const unsigned char[::1] x, const unsigned char[::1] y, int n):
     """ggml-style vec_dot of one row of `target` blocks with one row of block_q8_1 (36 B per 32)."""
     cdef float s = 0
-    if n % (32 if target == 512 else 128) or <size_t> x.shape[0] != gqt_hqq_row_size(target, n) \
+    if not ours(target) or n % (GQT_Q4_HQQ_BLOCK if target == GQT_TYPE_Q4_HQQ else GQT_Q4_HQQ_128_BLOCK) or <size_t> x.shape[0] != gqt_hqq_row_size(target, n) \
             or y.shape[0] != n // 32 * 36:
         raise ValueError("vec_dot_q8_1: sizes do not match n")
     if n == 0:
         return 0.0
     with nogil:
-        if target == 512:
+        if target == GQT_TYPE_Q4_HQQ:
             gqt_vec_dot_q4_hqq_q8_1_ref(n, &s, 0, &x[0], 0, &y[0], 0, 1)
         else:
             gqt_vec_dot_q4_hqq_128_q8_1_ref(n, &s, 0, &x[0], 0, &y[0], 0, 1)

@@ -63,10 +63,14 @@ static inline gqt_fp16 gqt_fp32_to_fp16(float f) {
 #define GQT_MULTIVERSION
 #endif
 
-/* Error codes returned by the row quantizers with explicit parameters. */
+/* Error codes returned by the row quantizers with explicit parameters (the Python package reads
+ * them from its extension). */
 #define GQT_OK 0
 #define GQT_ERR_NONFINITE (-1)   /* input holds NaN or +-Inf */
 #define GQT_ERR_SHAPE (-2)       /* n_per_row does not divide the block size */
+#define GQT_ERR_RANGE (-3)       /* a block's values are too far apart (or too large) for fp16 scale/zero */
+#define GQT_ERR_PARAM (-4)       /* unknown target type or solver parameter out of range */
+#define GQT_ERR_NOMEM (-5)       /* a workspace could not be allocated */
 
 #ifdef __cplusplus
 }

@@ -11,14 +11,12 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* Scale-search offsets r, in search order: inverse scale (qmax + r) / (max - min).
- * Must equal SCALE_STEPS in gguftool/quant/hqq.py. */
+/* Scale-search offsets r, in search order: inverse scale (qmax + r) / (max - min). The Python
+ * reference reads them through gqt_hqq_scale_step. */
 static const float GQT_HQQ_SCALE_STEPS[2 * GQT_HQQ_SCALE_SEARCH_MAX] = {
     0.5f, -0.5f, 1.0f, -1.0f, 0.25f, -0.25f, 0.75f, -0.75f, 1.5f, -1.5f, 2.0f, -2.0f,
 };
 
-#define S_INV_CAP 16777216.0f  /* 2^24: 1/2^24 is fp16's smallest step */
-#define ZERO_CAP 60000.0f      /* keeps |zero| below fp16's max (65504) */
 #define FP16_NAN 0x7E00
 
 typedef struct {
@@ -32,10 +30,14 @@ static int target_info(int target, hqq_target * t) {
     switch (target) {
     case GQT_TYPE_Q4_HQQ:     t->group = 32;  t->qmax = 15; t->stock = 0; t->bytes = GQT_Q4_HQQ_BYTES;     return 1;
     case GQT_TYPE_Q4_HQQ_128: t->group = 128; t->qmax = 15; t->stock = 0; t->bytes = GQT_Q4_HQQ_128_BYTES; return 1;
-    case GQT_HQQ_TARGET_Q4_1: t->group = 32;  t->qmax = 15; t->stock = 1; t->bytes = 20;                   return 1;
-    case GQT_HQQ_TARGET_Q5_1: t->group = 32;  t->qmax = 31; t->stock = 1; t->bytes = 24;                   return 1;
+    case GQT_HQQ_TARGET_Q4_1: t->group = 32;  t->qmax = 15; t->stock = 1; t->bytes = GQT_Q4_1_BYTES;       return 1;
+    case GQT_HQQ_TARGET_Q5_1: t->group = 32;  t->qmax = 31; t->stock = 1; t->bytes = GQT_Q5_1_BYTES;       return 1;
     default: return 0;
     }
+}
+
+float gqt_hqq_scale_step(int i) {
+    return i >= 0 && i < 2 * GQT_HQQ_SCALE_SEARCH_MAX ? GQT_HQQ_SCALE_STEPS[i] : 0.0f;
 }
 
 void gqt_hqq_default_params(gqt_hqq_params * p) {
@@ -422,8 +424,8 @@ static void candidate_group(workspace * w, int g, int k, float r, const float * 
     VLOAD(on, w->status + o);
     on = on == (vi) VUSPLAT(B_SOLVE);
     const vf AMN = VABS(MN), AMX = VABS(MX);
-    const vf zcap = VSPLAT(ZERO_CAP) / VSEL(AMN > AMX, AMN, AMX);
-    const vf cap = VSEL(VSPLAT(S_INV_CAP) < zcap, VSPLAT(S_INV_CAP), zcap);
+    const vf zcap = VSPLAT(GQT_HQQ_ZERO_CAP) / VSEL(AMN > AMX, AMN, AMX);
+    const vf cap = VSEL(VSPLAT(GQT_HQQ_S_INV_CAP) < zcap, VSPLAT(GQT_HQQ_S_INV_CAP), zcap);
     SIN = VSPLAT((float) t->qmax + r) / (MX - MN);
     SIN = VSEL(SIN < cap, SIN, cap);   /* also catches +inf */
     const vf inv = VSPLAT(1.0f) / SIN;

@@ -19,22 +19,11 @@
 extern "C" {
 #endif
 
-#ifndef GQT_ERR_RANGE
-#define GQT_ERR_RANGE (-3)   /* a block's values are too far apart (or too large) for fp16 scale/zero */
-#endif
-#ifndef GQT_ERR_PARAM
-#define GQT_ERR_PARAM (-4)   /* unknown target type or solver parameter out of range */
-#endif
-
-#define GQT_HQQ_TARGET_Q4_1 3   /* GGML_TYPE_Q4_1 */
-#define GQT_HQQ_TARGET_Q5_1 7   /* GGML_TYPE_Q5_1 */
-#ifndef GQT_ERR_NOMEM
-#define GQT_ERR_NOMEM (-5)   /* the solver's workspace (~100 KiB) could not be allocated */
-#endif
-
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
 #define GQT_HQQ_REFIT_MAX 8
 #define GQT_HQQ_ITERS_MAX 1000
+#define GQT_HQQ_S_INV_CAP 16777216.0f  /* cap of the inverse scale, 2^24: 1/2^24 is fp16's smallest step */
+#define GQT_HQQ_ZERO_CAP 60000.0f      /* |zero| stays below fp16's max (65504) */
 
 typedef struct {
     float lp_norm;     /* p of the shrink, 0 < p <= 1 (hqq: 0.7) */
@@ -50,7 +39,11 @@ typedef struct {
 
 void gqt_hqq_default_params(gqt_hqq_params * p);
 
-/* target: GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, 3 (GGML_TYPE_Q4_1) or 7 (GGML_TYPE_Q5_1).
+/* Offset i (0 <= i < 2 * GQT_HQQ_SCALE_SEARCH_MAX) of the scale search, in search order: it tries the
+ * inverse scale (qmax + offset) / (max - min). */
+float gqt_hqq_scale_step(int i);
+
+/* target: GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, GQT_HQQ_TARGET_Q4_1 or GQT_HQQ_TARGET_Q5_1 (gqt_types.h).
  * src: nrows x n_per_row floats; dst: nrows x row size bytes. Returns GQT_OK or GQT_ERR_*
  * (GQT_ERR_NONFINITE first when any block holds NaN/Inf). p == NULL: defaults. */
 int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
@@ -75,6 +68,11 @@ void   gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k);
 size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix);
 void   gqt_vec_dot_q4_hqq_128_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
                                        const void * vy, size_t by, int nrc);
+
+/* The vec_dot that ggml-cpu registers (gqt_hqq_simd.c: AVX2 / NEON where the build targets them,
+ * else the _ref above). */
+void   gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void   gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
 #ifdef __cplusplus
 }

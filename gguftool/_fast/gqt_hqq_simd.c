@@ -16,9 +16,6 @@
 
 #include <assert.h>
 
-void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-
 #if defined(__AVX2__)
 #define GQT_SIMD_AVX2 1
 #include <immintrin.h>

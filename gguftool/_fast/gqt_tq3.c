@@ -13,7 +13,6 @@
 #include "gqt_tq3_codebook.h"
 
 #define QK 32
-#define TQ3_REFINE_PASSES 2  /* Lloyd passes after the first pick: -5% then -2.4% MSE (docs/tq3.md) */
 #define FP16_MAX 65504.0f
 
 static inline int is_nonfinite(float v) {
@@ -89,7 +88,7 @@ static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
     if (n2 == 0.0) return;  /* exact zero block, never a made-up scale */
     pick(z, sqrt(n2 / QK), idx);  /* nearest centroid of y * sqrt(32) / ||y|| */
     gqt_fp16 d = ls_scale(z, idx);
-    for (int p = 0; p < TQ3_REFINE_PASSES; ++p) {
+    for (int p = 0; p < GQT_TQ3_REFINE_PASSES; ++p) {
         const double s = (double) gqt_fp16_to_fp32(d);
         if (!(s > 0.0)) break;
         pick(z, s * GQT_TQ3_SQRT32, idx);  /* against the fp16 value the decoder will read */

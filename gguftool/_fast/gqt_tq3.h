@@ -27,6 +27,8 @@ typedef struct {
     uint8_t  qs[12];  /* 32 x 3-bit codebook indices */
 } gqt_block_tq3_0;
 
+#define GQT_TQ3_REFINE_PASSES 2  /* Lloyd passes after the first pick: -5% then -2.4% MSE (docs/tq3.md) */
+
 /* C99 static assert: the struct is the documented 14 bytes. */
 typedef char gqt_tq3_0_size_check[(sizeof(gqt_block_tq3_0) == GQT_TQ3_0_BYTES && GQT_TQ3_0_BLOCK == 32) ? 1 : -1];
 

@@ -20,3 +20,11 @@
 #define GQT_TQ3_0_LAYOUT 1
 
 #define GQT_TYPE_MAX 514
+
+/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */
+#define GQT_HQQ_TARGET_Q4_1 3
+#define GQT_Q4_1_BLOCK 32
+#define GQT_Q4_1_BYTES 20
+#define GQT_HQQ_TARGET_Q5_1 7
+#define GQT_Q5_1_BLOCK 32
+#define GQT_Q5_1_BYTES 24

@@ -15,57 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType
 from gguf.gguf_reader import ReaderField
 
 from .. import types as registry
 from ..errors import GgufToolError
+from ..types import TensorType, tensor_type
 
-UPSTREAM_NEWEST_ID = 42  # ggml's highest id in the pinned llama.cpp (Q2_0); see gguftool/types.py
 _PLAIN_DTYPES = {
     GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
     GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
     GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
     GGMLQuantizationType.I64: np.int64,
 }
-
-
-@dataclass(frozen=True)
-class TensorType:
-    id: int
-    name: str
-    block_size: int
-    type_size: int
-    custom: bool
-
-    @property
-    def quantized(self) -> bool:
-        return self.block_size > 1 or self.name == "BF16"
-
-    @property
-    def bpw(self) -> float:
-        return 8.0 * self.type_size / self.block_size
-
-
-def tensor_type(type_id: int, where: str = "") -> TensorType:
-    """The type behind a GGUF type id, or a clear error for ids we cannot read."""
-    custom = registry.lookup(type_id)
-    if custom is not None:
-        return TensorType(custom.id, custom.name, custom.block_size, custom.type_size, True)
-    try:
-        t = GGMLQuantizationType(type_id)
-    except ValueError:
-        if type_id in registry.RETIRED_IDS:
-            problem = f"type id {type_id} is the retired gguftool type {registry.RETIRED_IDS[type_id].name}"
-        elif type_id in registry.GGUFTOOL_ID_RANGE:
-            problem = f"type id {type_id} is in gguftool's range but unknown to this version (written by a newer gguftool?)"
-        elif type_id <= UPSTREAM_NEWEST_ID:
-            problem = f"type id {type_id} is an upstream ggml type that the installed gguf package does not know"
-        else:
-            problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
-        raise GgufToolError(f"{where}{problem}", hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it")
-    block, size = GGML_QUANT_SIZES[t]
-    return TensorType(int(t), t.name, block, size, False)
 
 
 class RowShape:
@@ -309,6 +271,10 @@ class GGUFFile:
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
+
+    def write_metadata(self, w) -> None:
+        """Into a StreamingWriter: this file's header, for a requantized copy."""
+        w.copy_metadata(self)
 
     def _check_type_records(self) -> None:
         """Every gguftool type record in the file must agree with our table."""

@@ -28,11 +28,6 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 KERNEL_DIR = PACKAGE_DIR / "_fast"
 PATCH_DIR = Path(__file__).resolve().parent / "patches"
 
-# ggml-cpu registers these (gguftool/_fast/gqt_hqq_simd.c), the TQ3_0 dot comes from gqt_tq3.h.
-SIMD_PROTOTYPES = """\
-void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-"""
 
 
 @dataclass(frozen=True)
@@ -62,8 +57,9 @@ class Edit:
         return content.replace(self.anchor, new)
 
 
-def _t(name: str) -> gtypes.CustomType:
-    return gtypes.BY_NAME[name]
+def _families() -> list[str]:
+    """Kernel families, one gqt_<family>.h each."""
+    return sorted({t.family for t in gtypes.CUSTOM_TYPES})
 
 
 def _type_count() -> int:
@@ -88,21 +84,15 @@ def _ggml_traits() -> str:
 
 
 def _cpu_traits() -> str:
-    vec_dot = {
-        "Q4_HQQ": ("gqt_vec_dot_q4_hqq_q8_1", "GGML_TYPE_Q8_1"),
-        "Q4_HQQ_128": ("gqt_vec_dot_q4_hqq_128_q8_1", "GGML_TYPE_Q8_1"),
-        "TQ3_0": ("gqt_vec_dot_tq3_0_q8_0", "GGML_TYPE_Q8_0"),
-    }
-    # from_float quantizes every new KV-cache row at run time: the weights' row quantizer, defaults included
-    from_float = {t.name: f"gqt_quantize_row_{t.name.lower()}_ref" for t in gtypes.CUSTOM_TYPES}
-    out = ["    // gguftool types: HQQ pairs with Q8_1 like Q4_1 (x = d*q + m), TQ3_0 with Q8_0\n"]
+    # from_float quantizes every new KV-cache row at run time: the weights' row quantizer, defaults included;
+    # vec_dot is gqt_vec_dot_<type>_<vec_dot type> (the best SIMD path of the build)
+    out = ["    // gguftool types: each paired with the activation type of its table entry (gguftool/types.py)\n"]
     for t in gtypes.CUSTOM_TYPES:
-        fn, vdt = vec_dot[t.name]
         out.append(
             f"    [GGML_TYPE_{t.name}] = {{\n"
-            f"        .from_float               = (ggml_from_float_t) {from_float[t.name]},\n"
-            f"        .vec_dot                  = (ggml_vec_dot_t) {fn},\n"
-            f"        .vec_dot_type             = {vdt},\n"
+            f"        .from_float               = (ggml_from_float_t) gqt_quantize_row_{t.ggml_name}_ref,\n"
+            f"        .vec_dot                  = (ggml_vec_dot_t) gqt_vec_dot_{t.ggml_name}_{t.vec_dot_type.lower()},\n"
+            f"        .vec_dot_type             = GGML_TYPE_{t.vec_dot_type},\n"
             f"        .nrows                    = 1,\n"
             f"    }},\n")
     return "".join(out)
@@ -116,23 +106,25 @@ def _quantize_chunk_cases() -> str:
 
 
 def _validate_cases() -> str:
-    cases = "".join(f"        case GGML_TYPE_{t.name}:\n" for t in gtypes.CUSTOM_TYPES)
-    return (
-        cases +
-        "            {\n"
-        "                // gguftool: fp16 scale first; the HQQ types follow it with an fp16 zero\n"
-        "                const size_t ts = ggml_type_size(type);\n"
-        "                const int nf = type == GGML_TYPE_TQ3_0 ? 1 : 2;\n"
-        "                for (size_t i = 0; i < nb; ++i) {\n"
-        "                    for (int k = 0; k < nf; ++k) {\n"
-        "                        ggml_fp16_t h;\n"
-        "                        memcpy(&h, (const char *) data + i*ts + 2*k, sizeof(h));\n"
-        "                        if (!validate_fp16(h, i)) {\n"
-        "                            return false;\n"
-        "                        }\n"
-        "                    }\n"
-        "                }\n"
-        "            } break;\n")
+    out = []
+    for nf in sorted({t.fp16_fields for t in gtypes.CUSTOM_TYPES}):
+        out += [f"        case GGML_TYPE_{t.name}:\n" for t in gtypes.CUSTOM_TYPES if t.fp16_fields == nf]
+        out.append(
+            "            {\n"
+            f"                // gguftool: the block's {nf} leading fp16 field(s) (scale[, zero])\n"
+            "                const size_t ts = ggml_type_size(type);\n"
+            f"                const int nf = {nf};\n"
+            "                for (size_t i = 0; i < nb; ++i) {\n"
+            "                    for (int k = 0; k < nf; ++k) {\n"
+            "                        ggml_fp16_t h;\n"
+            "                        memcpy(&h, (const char *) data + i*ts + 2*k, sizeof(h));\n"
+            "                        if (!validate_fp16(h, i)) {\n"
+            "                            return false;\n"
+            "                        }\n"
+            "                    }\n"
+            "                }\n"
+            "            } break;\n")
+    return "".join(out)
 
 
 def _case_lines(indent: str = "        ") -> str:
@@ -141,7 +133,7 @@ def _case_lines(indent: str = "        ") -> str:
 
 def edits() -> list[Edit]:
     up = source.PINNED.ggml_type_count
-    kernels_h = '#include "gqt_hqq.h" // gguftool\n#include "gqt_tq3.h" // gguftool\n'
+    kernels_h = "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in _families())
     return [
         Edit("ggml/include/ggml.h", f"        GGML_TYPE_COUNT   = {up},\n",
              gtypes.render_ggml_enum_lines() + f"        GGML_TYPE_COUNT   = {_type_count()}, // gguftool: max id + 1\n",
@@ -157,15 +149,16 @@ def edits() -> list[Edit]:
              _validate_cases(), where="before", why="ggml_validate_row_data: check the fp16 fields"),
         # ggml-cpu: from_float / vec_dot / vec_dot_type
         Edit("ggml/src/ggml-cpu/ggml-cpu.c", '#include "ggml-cpu-impl.h"\n',
-             kernels_h + "// gguftool: SIMD dots (gguftool/_fast/gqt_hqq_simd.c)\n" + SIMD_PROTOTYPES),
+             kernels_h),
         Edit("ggml/src/ggml-cpu/ggml-cpu.c",
              "static const struct ggml_type_traits_cpu type_traits_cpu[GGML_TYPE_COUNT] = {\n", _cpu_traits()),
         # every op switch that lists Q4_1 handles quantized types generically (to_float /
         # from_float) or aborts for all of them: add, add1, acc, out_prod, set, get_rows, clamp
         Edit("ggml/src/ggml-cpu/ops.cpp", "        case GGML_TYPE_Q4_1:\n", _case_lines(), count=7),
-        # --cache-type-k/-v
+        # --cache-type-k/-v: upstream's list, then ours
         Edit("common/arg.cpp", "    GGML_TYPE_Q5_1,\n};\n",
-             "".join(f"    GGML_TYPE_{t.name}, // gguftool\n" for t in gtypes.CUSTOM_TYPES) + "};\n",
+             "    GGML_TYPE_Q5_1,\n"
+             + "".join(f"    GGML_TYPE_{t.name}, // gguftool\n" for t in gtypes.CUSTOM_TYPES if t.kv_cache) + "};\n",
              where="replace"),
         # llama-bench -ctk/-ctv: accept every type name ggml knows (ours included)
         Edit("tools/llama-bench/llama-bench.cpp",
@@ -177,13 +170,14 @@ def edits() -> list[Edit]:
              "        }\n"
              "    }\n"),
         # llama-quantize: a file type per custom type (ftype value = type id, cast: llama.h stays
-        # untouched so only three files recompile); Q4_HQQ_128 rows that 128 does not divide
-        # fall back to Q4_HQQ
+        # untouched so only three files recompile); rows that a type's block does not divide fall
+        # back to its table fallback (llama.cpp's own rule for the rest)
         Edit("src/llama-quant.cpp", "        case LLAMA_FTYPE_MOSTLY_IQ3_M:   return GGML_TYPE_IQ3_S;\n",
              "".join(f"        case (llama_ftype) {t.id}: return GGML_TYPE_{t.name}; // gguftool\n"
                      for t in gtypes.CUSTOM_TYPES)),
         Edit("src/llama-quant.cpp", "            case GGML_TYPE_Q6_K:    return_type = GGML_TYPE_Q8_0;   break;\n",
-             "            case GGML_TYPE_Q4_HQQ_128: return_type = GGML_TYPE_Q4_HQQ; break; // gguftool\n"),
+             "".join(f"            case GGML_TYPE_{t.name}: return_type = GGML_TYPE_{t.fallback}; break; // gguftool\n"
+                     for t in gtypes.CUSTOM_TYPES if t.fallback)),
         Edit("src/llama-model-loader.cpp",
              '        case LLAMA_FTYPE_MOSTLY_Q4_1:      name = LLAMA_FTYPE_PREFIX "Q4_1"; break;\n',
              "".join(f'        case (llama_ftype) {t.id}: name = LLAMA_FTYPE_PREFIX "{t.name}"; break; // gguftool\n'
@@ -249,7 +243,7 @@ def kernel_files(kernel_dir: Path = KERNEL_DIR) -> list[Path]:
 
 def required_kernels_present(kernel_dir: Path = KERNEL_DIR) -> list[str]:
     """Names of the kernel files the integration needs that are missing."""
-    need = ["gqt_common.h", "gqt_types.h", "gqt_hqq.h", "gqt_hqq.c", "gqt_hqq_simd.c", "gqt_tq3.h", "gqt_tq3.c"]
+    need = ["gqt_common.h", "gqt_types.h", *(f"gqt_{f}{ext}" for f in _families() for ext in (".h", ".c"))]
     return [n for n in need if not (kernel_dir / n).is_file()]
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..types import UPSTREAM_TYPE_COUNT
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ PINNED = PinnedSource(
     llama_commit="0c1e57098bba43ac29e6e3b677cdceebdd22334f",
     llama_commit_date="2026-10-01",
     ggml_version="0.25.3",
-    ggml_type_count=43,
+    ggml_type_count=UPSTREAM_TYPE_COUNT,
 )
 
 

@@ -14,15 +14,15 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import GgufToolError
-from ..io.reader import GGUFFile, tensor_type
 from ..quant import codec
 from .plan import Plan, Step
 from .quantize import dequantize_rows, solver_params
+from .source import ModelSource
 
 SAMPLE_ROWS = 64
 
 
-def measure(src: GGUFFile, step: Step, types: list[str], params: dict) -> dict[str, float]:
+def measure(src: ModelSource, step: Step, types: list[str], params: dict) -> dict[str, float]:
     """Estimated total squared error of `step`'s tensor under each type (sampled rows)."""
     t = step.tensor
     idx = np.unique(np.linspace(0, t.n_rows - 1, min(SAMPLE_ROWS, t.n_rows)).astype(int))
@@ -39,7 +39,7 @@ def measure(src: GGUFFile, step: Step, types: list[str], params: dict) -> dict[s
     return err
 
 
-def fit(src: GGUFFile, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None) -> Plan:
+def fit(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None) -> Plan:
     params = params or {}
     if not allowed:
         raise GgufToolError("size targeting needs a set of allowed types", hint="use a recipe with `allowed = [...]`")
@@ -83,7 +83,7 @@ def fit(src: GGUFFile, plan: Plan, allowed: list[str], budget_bytes: int, params
         if id(s) not in chosen:
             steps.append(s)
             continue
-        out = tensor_type(codec(chosen[id(s)]).id)
+        out = codec(chosen[id(s)]).type
         action = "copy" if out.id == s.tensor.type.id else "quantize"
         steps.append(replace(s, out_type=out, action=action, note=f"budget: {out.name}"))
     return Plan(steps)

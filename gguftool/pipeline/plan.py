@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import GgufToolError
-from ..io.reader import GGUFFile, Tensor, TensorType, tensor_type
+from ..types import CUSTOM_TYPES, PRODUCIBLE, TensorType
+from .source import ModelSource, TensorSource
 from ..quant import codec
 
 OUTPUT = "output.weight"
@@ -20,8 +21,8 @@ HIGH_PRECISION = "Q8_0"
 # Never quantized, whatever the target (llama-quant.cpp's exclusions that apply to 2-D tensors).
 KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "pos_embd", "token_types",
                  "altup", "laurel", "per_layer_model_proj")
-# Fallback chains when the row length does not divide the block size.
-FALLBACK = {"Q4_HQQ_128": "Q4_HQQ", "Q4_HQQ": "Q4_1"}
+# Fallback chains when the row length does not divide the block size (then Q8_0 or F16, as llama-quantize).
+FALLBACK = {t.name: t.fallback for t in CUSTOM_TYPES if t.fallback}
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Options:
 
 @dataclass
 class Step:
-    tensor: Tensor
+    tensor: TensorSource
     out_type: TensorType
     action: str          # "copy" (bytes unchanged) or "quantize"
     note: str = ""
@@ -102,7 +103,7 @@ def _producible(name: str):
     c = codec(name)
     if c.quantize is None:
         raise GgufToolError(f"gguftool cannot produce {c.name} (it can read it)",
-                            hint="targets: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_HQQ Q4_HQQ_128 TQ3_0")
+                            hint="targets: " + " ".join(PRODUCIBLE))
     return c
 
 
@@ -115,7 +116,7 @@ def _fit(tname: str, n_per_row: int) -> tuple[str, str]:
     return tname, note
 
 
-def make_plan(src: GGUFFile, opts: Options) -> Plan:
+def make_plan(src: ModelSource, opts: Options) -> Plan:
     _producible(opts.target)
     has_output = OUTPUT in src
     steps = []
@@ -126,7 +127,7 @@ def make_plan(src: GGUFFile, opts: Options) -> Plan:
             continue
         params, chosen_by = (rule.params, rule.pattern.pattern) if rule else ({}, "")
         tname, fit_note = _fit(tname, t.n_per_row)
-        out = tensor_type(codec(tname).id)
+        out = codec(tname).type
         if out.id == t.type.id:
             steps.append(Step(t, out, "copy", note, chosen_by=chosen_by))
             continue
@@ -145,7 +146,7 @@ def unused_rules(plan: Plan, opts: Options) -> list[Rule]:
     return [r for r in opts.tensor_types if r.pattern.pattern not in used]
 
 
-def _choose(t: Tensor, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
+def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
     """Target type name for one tensor (None: keep it as it is), a note, and the rule that chose it."""
     name = t.name
     if len(t.shape) < 2 or not name.endswith(".weight"):

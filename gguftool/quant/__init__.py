@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import types
 from ..errors import GgufToolError
 
 QuantizeFn = Callable[..., np.ndarray]   # (x: float32 [rows, n], *, threads: int, **params) -> uint8 [rows, row_bytes]
@@ -18,29 +19,33 @@ DequantizeFn = Callable[[np.ndarray], np.ndarray]  # uint8 [rows, row_bytes] -> 
 
 @dataclass(frozen=True)
 class Codec:
-    name: str
-    id: int
-    block_size: int
-    type_size: int
+    """The code that turns rows into a type's blocks and back; the type's facts stay in its record."""
+    type: types.TensorType
     quantize: QuantizeFn | None      # None: the type can be read but not produced
     dequantize: DequantizeFn | None
-    custom: bool = False             # one of gguftool's own ids
     params: dict[str, Any] = field(default_factory=dict)  # solver parameters it accepts, with defaults
+
+    name = property(lambda self: self.type.name)
+    id = property(lambda self: self.type.id)
+    block_size = property(lambda self: self.type.block_size)
+    type_size = property(lambda self: self.type.type_size)
+    custom = property(lambda self: self.type.custom)
+    bpw = property(lambda self: self.type.bpw)
 
     def row_bytes(self, n_per_row: int) -> int:
         return n_per_row // self.block_size * self.type_size
-
-    @property
-    def bpw(self) -> float:
-        return 8.0 * self.type_size / self.block_size
 
 
 _CODECS: dict[str, Codec] = {}
 _UNAVAILABLE: dict[str, str] = {}  # family module -> why it could not load
 
 
-def register(c: Codec) -> Codec:
-    _CODECS[c.name] = c
+def register(t: types.TensorType, quantize: QuantizeFn | None, dequantize: DequantizeFn | None,
+             params: dict[str, Any] | None = None) -> Codec:
+    """The codec of type `t`; a type has one codec (like gguf-py's one class per qtype)."""
+    if t.name in _CODECS:
+        raise ValueError(f"a codec for {t.name} is already registered")
+    c = _CODECS[t.name] = Codec(t, quantize, dequantize, dict(params or {}))
     return c
 
 
@@ -54,7 +59,7 @@ def _load() -> None:
         return
     _loaded = True
     from . import standard  # noqa: F401  (registers the upstream types)
-    for module in ("hqq", "tq3"):
+    for module in sorted({t.family for t in types.CUSTOM_TYPES}):
         try:
             __import__(f"{__name__}.{module}")
         except ImportError as e:  # its C extension is not built: the other types still work
@@ -65,8 +70,7 @@ def codec(name: str) -> Codec:
     _load()
     c = _CODECS.get(name.upper())
     if c is None:
-        from ..types import lookup
-        if lookup(name) is not None and _UNAVAILABLE:
+        if types.lookup(name) is not None and _UNAVAILABLE:
             raise GgufToolError(f"{name.upper()} needs gguftool's C extension, which failed to load: "
                                 + "; ".join(_UNAVAILABLE.values()),
                                 hint="reinstall with `pip install .` (it compiles the extension)")

@@ -60,29 +60,26 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
+from .. import types
+from .._fast import _hqq   # the codecs need the extension: quant._load reports the ImportError
 from ..errors import GgufToolError
-from ..types import BY_NAME
 
-# name -> (ggml type id, values per block, bytes per block, qmax)
+# name -> (ggml type id, values per block, bytes per block, qmax), from the type table
 TARGETS: dict[str, tuple[int, int, int, int]] = {
-    "Q4_HQQ": (BY_NAME["Q4_HQQ"].id, BY_NAME["Q4_HQQ"].block_size, BY_NAME["Q4_HQQ"].type_size, 15),
-    "Q4_HQQ_128": (BY_NAME["Q4_HQQ_128"].id, BY_NAME["Q4_HQQ_128"].block_size, BY_NAME["Q4_HQQ_128"].type_size, 15),
-    "Q4_1": (int(GGMLQuantizationType.Q4_1), 32, 20, 15),
-    "Q5_1": (int(GGMLQuantizationType.Q5_1), 32, 24, 31),
-}
+    n: (t.id, t.block_size, t.type_size, 2 ** types.code_bits(t) - 1) for n, t in types.hqq_targets().items()}
 _BY_ID = {v[0]: k for k, v in TARGETS.items()}
+STOCK = tuple(types.HQQ_STOCK_TARGETS)   # layouts with ggml's (d, m) pair: x = d*q + m
 
-# Offsets r of the scale search, in search order: inverse scale (qmax + r) / (max - min).
-# Must equal GQT_HQQ_SCALE_STEPS in gqt_hqq.c.
-SCALE_STEPS = (0.5, -0.5, 1.0, -1.0, 0.25, -0.25, 0.75, -0.75, 1.5, -1.5, 2.0, -2.0)
-SCALE_SEARCH_MAX = len(SCALE_STEPS) // 2
-REFIT_MAX = 8   # GQT_HQQ_REFIT_MAX
+# Offsets r of the scale search, in search order: inverse scale (qmax + r) / (max - min); limits (gqt_hqq.h).
+SCALE_STEPS = _hqq.SCALE_STEPS
+SCALE_SEARCH_MAX = _hqq.SCALE_SEARCH_MAX
+REFIT_MAX = _hqq.REFIT_MAX
+ITERS_MAX = _hqq.ITERS_MAX
 
 F32 = np.float32
-_S_INV_CAP = F32(16777216.0)   # 2^24: 1/2^24 is fp16's smallest step
-_ZERO_CAP = F32(60000.0)       # |zero| stays below fp16's max (65504)
+_S_INV_CAP = F32(_hqq.S_INV_CAP)   # 2^24: 1/2^24 is fp16's smallest step
+_ZERO_CAP = F32(_hqq.ZERO_CAP)     # |zero| stays below fp16's max (65504)
 
 
 @dataclass(frozen=True)
@@ -105,8 +102,8 @@ class HQQParams:
             raise GgufToolError(f"HQQ beta must be a positive number, got {self.beta}")
         if not (self.kappa >= 1.0 and math.isfinite(self.kappa)):
             raise GgufToolError(f"HQQ kappa must be >= 1, got {self.kappa}")
-        if not (0 <= self.iters <= 1000):
-            raise GgufToolError(f"HQQ iters must be in 0..1000, got {self.iters}")
+        if not (0 <= self.iters <= ITERS_MAX):
+            raise GgufToolError(f"HQQ iters must be in 0..{ITERS_MAX}, got {self.iters}")
         if self.early_stop not in (0, 1):
             raise GgufToolError(f"HQQ early_stop must be 0 or 1, got {self.early_stop}")
         if not (0 <= self.scale_search <= SCALE_SEARCH_MAX):
@@ -334,7 +331,7 @@ def quantize_hqq_ref(x: np.ndarray, target: str | int, **params: Any) -> np.ndar
     x = _check_input(x, G, name)
     prm = HQQParams.make(**params)
     rows, n = x.shape
-    a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in ("Q4_1", "Q5_1"), prm)
+    a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in STOCK, prm)
     return _pack(name, a, b, q).reshape(rows, n // G * nbytes)
 
 
@@ -360,7 +357,7 @@ def dequantize_hqq_ref(data: np.ndarray, target: str | int) -> np.ndarray:
         raise GgufToolError(f"{name} data must be [rows, k*{nbytes}] bytes, got shape {data.shape}")
     rows, nb = data.shape[0], data.shape[1] // nbytes
     a, b, q = _unpack(name, data, rows * nb)
-    if name in ("Q4_1", "Q5_1"):
+    if name in STOCK:
         y = a[:, None] * q + b[:, None]
     else:
         y = (q - b[:, None]) * a[:, None]
@@ -369,17 +366,12 @@ def dequantize_hqq_ref(data: np.ndarray, target: str | int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- C path
 
-def _fast():
-    from .._fast import _hqq   # ImportError when the extension is not built (see quant._load)
-    return _hqq
-
-
 _C_ERRORS = {
-    -1: "the input holds NaN or Inf",
-    -2: "the row length does not fit the block size",
-    -3: "a block's values are too large or too far apart for an fp16 scale/zero",
-    -4: "an HQQ parameter is out of range",
-    -5: "out of memory for the solver's workspace",
+    _hqq.ERR_NONFINITE: "the input holds NaN or Inf",
+    _hqq.ERR_SHAPE: "the row length does not fit the block size",
+    _hqq.ERR_RANGE: "a block's values are too large or too far apart for an fp16 scale/zero",
+    _hqq.ERR_PARAM: "an HQQ parameter is out of range",
+    _hqq.ERR_NOMEM: "out of memory for the solver's workspace",
 }
 
 
@@ -391,11 +383,10 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     name, tid, G, nbytes, _ = _target(target)
     x = _check_input(x, G, name, finite=False)
     prm = HQQParams.make(**params)
-    fast = _fast()
-
+    
     def run(rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.shape[0], rows.shape[1] // G * nbytes), np.uint8)
-        rc = fast.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
+        rc = _hqq.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
                                 prm.early_stop, prm.scale_search, prm.refit)
         if rc:
             raise GgufToolError(f"cannot quantize to {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
@@ -420,7 +411,7 @@ def dequantize_hqq(data: np.ndarray, target: str | int, *, impl: str = "c") -> n
     if data.ndim != 2 or data.shape[1] % nbytes:
         raise GgufToolError(f"{name} data must be [rows, k*{nbytes}] bytes, got shape {data.shape}")
     out = np.empty((data.shape[0], data.shape[1] // nbytes * G), np.float32)
-    rc = _fast().dequantize_rows(tid, data, out)
+    rc = _hqq.dequantize_rows(tid, data, out)
     if rc:
         raise GgufToolError(f"cannot decode {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
     return out
@@ -450,8 +441,9 @@ def vec_dot_q8_1_ref(x_row: np.ndarray, y_q8_1: np.ndarray, target: str | int) -
     """numpy twin of gqt_vec_dot_q4_hqq*_q8_1_ref: per 32 values
     (scale*d8)*sum(q*q8) + (-(scale*zero))*s8, accumulated in float32 in block order."""
     name, _, G, nbytes, _ = _target(target)
-    if name not in ("Q4_HQQ", "Q4_HQQ_128"):
-        raise GgufToolError(f"vec_dot is defined for Q4_HQQ and Q4_HQQ_128, not {name}")
+    if name in STOCK:
+        ours = " and ".join(n for n in TARGETS if n not in STOCK)
+        raise GgufToolError(f"vec_dot is defined for {ours}, not {name}")
     nb = len(x_row) // nbytes
     scale, zero, q = _unpack(name, np.asarray(x_row, np.uint8), nb)
     y = np.asarray(y_q8_1, np.uint8).reshape(-1, 36)
@@ -472,21 +464,20 @@ def vec_dot_q8_1_ref(x_row: np.ndarray, y_q8_1: np.ndarray, target: str | int) -
 # ----------------------------------------------------------------------------- codecs
 
 def _register() -> None:
-    from . import Codec, register
+    from . import register
 
-    for name in ("Q4_HQQ", "Q4_HQQ_128"):
-        t = BY_NAME[name]
+    for t in types.CUSTOM_TYPES:
+        if t.family != "hqq":
+            continue
 
-        def quantize(x, *, threads: int = 1, _n=name, **params):
+        def quantize(x, *, threads: int = 1, _n=t.name, **params):
             return quantize_hqq(x, _n, threads=threads, **params)
 
-        def dequantize(data, _n=name):
+        def dequantize(data, _n=t.name):
             data = np.asarray(data, np.uint8)
             return dequantize_hqq(data.reshape(data.shape[0] if data.ndim == 2 else 1, -1), _n)
 
-        register(Codec(name=name, id=t.id, block_size=t.block_size, type_size=t.type_size,
-                       quantize=quantize, dequantize=dequantize, custom=True, params=asdict(DEFAULTS)))
+        register(t, quantize, dequantize, asdict(DEFAULTS))
 
 
-_fast()          # the codecs need the extension: fail the import (quant._load reports it) without it
 _register()

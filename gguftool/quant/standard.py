@@ -5,22 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType, quants
 
+from .. import types
 from ..errors import GgufToolError
-from . import Codec, register
+from . import register
 from .parallel import map_rows
-
-# Types gguftool can produce; every other type gguf.quants knows is read-only (dequantize).
-PRODUCIBLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-HQQ_SOLVABLE = ("Q4_1", "Q5_1")  # stock layouts the HQQ solver can also fill
 
 
 def _quantizer(t: GGMLQuantizationType):
     def quantize(x: np.ndarray, *, threads: int = 1, solver: str = "ref", **params: Any) -> np.ndarray:
         if solver == "hqq":
-            if t.name not in HQQ_SOLVABLE:
-                raise GgufToolError(f"solver 'hqq' cannot produce {t.name}", hint="use it with Q4_1, Q5_1, Q4_HQQ or Q4_HQQ_128")
+            if t.name not in types.HQQ_STOCK_TARGETS:
+                raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
+                                    hint="use it with " + ", ".join(types.hqq_targets()))
             from .hqq import quantize_hqq
             return quantize_hqq(x, t.name, threads=threads, **params)
         if solver != "ref":
@@ -58,13 +56,7 @@ def _readable(t: GGMLQuantizationType) -> bool:
     return t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or t in quants._type_traits
 
 
-for _t in GGMLQuantizationType:
-    if not _readable(_t):
-        continue
-    _block, _size = GGML_QUANT_SIZES[_t]
-    register(Codec(
-        name=_t.name, id=int(_t), block_size=_block, type_size=_size,
-        quantize=_quantizer(_t) if _t.name in PRODUCIBLE else None,
-        dequantize=_dequantizer(_t),
-        params={"solver": "ref"} if _t.name in HQQ_SOLVABLE else {},
-    ))
+for _t in GGMLQuantizationType:   # every type gguf.quants reads; those gguftool writes can be produced
+    if _readable(_t):
+        register(types.stock(_t.name), _quantizer(_t) if _t.name in types.STOCK_PRODUCIBLE else None,
+                 _dequantizer(_t), {"solver": "ref"} if _t.name in types.HQQ_STOCK_TARGETS else {})

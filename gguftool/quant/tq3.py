@@ -17,14 +17,14 @@ import numpy as np
 from ..errors import GgufToolError
 from ..types import BY_NAME
 from .._fast import _tq3
-from . import Codec, register
+from . import register
 from .parallel import map_rows
 from .tq3_codebook import BOUNDARIES, CENTROIDS, INV_SQRT_BLOCK_F32, SIGN_WORD, SQRT_BLOCK
 
 TYPE = BY_NAME["TQ3_0"]
 QK = TYPE.block_size          # 32
 BLOCK_BYTES = TYPE.type_size  # 14
-REFINE_PASSES = 2             # must equal TQ3_REFINE_PASSES in gqt_tq3.c
+REFINE_PASSES = _tq3.REFINE_PASSES  # Lloyd passes (gqt_tq3.h)
 FP16_MAX = np.float32(65504.0)
 
 _C64 = np.array(CENTROIDS, dtype=np.float64)
@@ -245,5 +245,4 @@ def _quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:
     return quantize_tq3(x, threads=threads)
 
 
-CODEC = register(Codec(name=TYPE.name, id=TYPE.id, block_size=TYPE.block_size, type_size=TYPE.type_size,
-                       quantize=_quantize_codec, dequantize=dequantize_tq3, custom=True))
+CODEC = register(TYPE, _quantize_codec, dequantize_tq3)

@@ -13,9 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static double uniform(void) {            /* xorshift64*, (0,1) */
     rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
