@@ -5,7 +5,8 @@ import pytest
 
 from gguftool.cli import main
 from gguftool.errors import GgufToolError
-from gguftool.pipeline.kvplan import Shape, bytes_per_token, parse_size, plan
+from gguftool.cli.size import parse_size
+from gguftool.pipeline.kvplan import Shape, bytes_per_token, plan
 
 
 def test_smollm2_by_hand(smollm2, capsys):

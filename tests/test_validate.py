@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gguftool.errors import GgufToolError
+from gguftool.pipeline import kvplan
 from gguftool.validate import isolate, metrics, report, session
 from gguftool.validate.runners import LocalRunner
 
@@ -240,9 +241,9 @@ def test_default_text_ships_with_the_package():
 
 def test_kv_columns_against_hand_computation(smollm2):
     # SmolLM2-135M: 30 layers, 3 KV heads x 64 (DESIGN.md). f16: 2 bytes; tq3_0: 14 B / 32 values.
-    c = session.kv_columns(smollm2, "f16", "f16", 512)
+    c = kvplan.columns(smollm2, "f16", "f16", 512)
     assert c["kv_bytes_per_token"] == 30 * 3 * (64 + 64) * 2 and c["bits_per_value"] == 16
-    c = session.kv_columns(smollm2, "q4_hqq", "tq3_0", 512)
+    c = kvplan.columns(smollm2, "q4_hqq", "tq3_0", 512)
     assert c["kv_bytes_per_token"] == 30 * 3 * 64 * (20 / 32 + 14 / 32)
     assert c["bits_per_value"] == (5.0 + 3.5) / 2
 
@@ -253,7 +254,7 @@ def _record(tmp_path: Path) -> dict:
     text.write_text("words " * 100)
     cells = _matrix({**HEALTHY, ("tq3_0", "f16"): 412.0, ("tq3_0", "tq3_0"): 455.0})
     for c in cells:
-        c.update(role="config", ppl_err=0.5, peak_rss_kib=200_000, **session.kv_columns(model, c["k"], c["v"], 512))
+        c.update(role="config", ppl_err=0.5, peak_rss_kib=200_000, **kvplan.columns(model, c["k"], c["v"], 512))
     return {"schema": "gguftool.validate/1", "created": "2026-12-02T00:00:00Z", "seconds": 1.0,
             "model": session.file_info(model), "text": session.file_info(text),
             "target": {"target": "local", "bin_dir": "/x", "emulated": False},

@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import sys
 from pathlib import Path
 
+from .. import types
 from ..errors import GgufToolError
-from ..io.writer import check_output_path
-from ..pipeline import plan as planning
 from . import formatter
-from .quantize import add_plan_args
+from .planning import add_plan_args, execute, options, size_summary
 
 EXAMPLES = """examples:
   gguftool convert ./SmolLM2-135M-Instruct smol-f16.gguf                  # like convert_hf_to_gguf.py
@@ -40,24 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("model_dir", type=Path, metavar="HF_DIR")
     p.add_argument("output", type=Path, metavar="OUT.gguf")
     p.add_argument("--outtype", dest="type", metavar="TYPE", default=None,
-                   help="f32, f16 (default), bf16, q8_0, or any gguftool type: Q4_HQQ, Q4_HQQ_128, TQ3_0, Q4_1 ...")
+                   help=f"f32, f16 (default), bf16, q8_0, or any gguftool type: {', '.join(types.BY_NAME)}, Q4_1 ...")
     p.add_argument("--name", help="general.name to record (default: from the model card / directory)")
     add_quant_args(p)
     p.set_defaults(func=run)
-
-
-def plan_options(args) -> tuple[planning.Options, dict, dict]:
-    """Options, solver parameters and record entries from the shared quantize arguments."""
-    from .quantize import make_options, solver_params
-    if args.type is None and not args.recipe:
-        from ..pipeline.convert import DEFAULT_OUTTYPE
-        args.type = DEFAULT_OUTTYPE
-    opts, recipe = make_options(args)
-    params = {**(recipe.solver if recipe else {}), **solver_params(args)}
-    record = {"quantize.params": json.dumps(params, sort_keys=True)} if params else {}
-    if recipe:
-        record.update({"recipe.name": recipe.name, "recipe.toml": recipe.text})
-    return opts, params, record
 
 
 def quiet_gguf_logs() -> None:
@@ -67,26 +50,21 @@ def quiet_gguf_logs() -> None:
         logging.getLogger("gguf.vocab").setLevel(logging.ERROR)
 
 
-def convert_dir(model_dir: Path, output: Path, args, record: dict[str, str] | None = None, name: str | None = None) -> int:
+def convert_dir(model_dir: Path, output: Path, args, record: dict[str, str] | None = None, name: str | None = None,
+                default_type: str = "F16") -> int:
     from ..convert import open_model
     from ..pipeline.convert import convert, make_plan
-    from .quantize import print_plan
     quiet_gguf_logs()
-    opts, params, rec = plan_options(args)
+    opts, params, rec, _ = options(args, default_type)
     model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
-    plan = make_plan(model, opts)
-    for rule in planning.unused_rules(plan, opts):
-        print(f"warning: {rule.origin}: pattern {rule.pattern.pattern!r} matches no tensor", file=sys.stderr)
-    if args.dry_run:
-        print_plan(plan, args.format)
-        return 0
-    check_output_path(output, [model_dir])
-    for note in plan.notes:
-        print(f"note: {note}", file=sys.stderr)
-    convert(model, output, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan)
-    print(f"{output}: {model.architecture} ({model.hf_arch}), {len(plan.steps)} tensors, "
-          f"{plan.out_bytes / 2**20:.1f} MiB, {8 * plan.out_bytes / plan.n_params:.3f} bpw "
-          f"(from {model.checkpoint.n_bytes / 2**20:.1f} MiB of safetensors), tokenizer pre {model.tokenizer_pre!r}")
+
+    def write(plan):
+        convert(model, output, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan)
+
+    plan = execute(args, model, output, [model_dir], opts, params, write, make_plan=make_plan)
+    if plan is not None:
+        print(f"{output}: {model.architecture} ({model.hf_arch}), {len(plan.steps)} tensors, {size_summary(plan)} "
+              f"(from {model.checkpoint.n_bytes / 2**20:.1f} MiB of safetensors), tokenizer pre {model.tokenizer_pre!r}")
     return 0
 
 

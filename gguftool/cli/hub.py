@@ -7,7 +7,8 @@ from pathlib import Path
 from ..io import hub as hubio
 from ..io.writer import check_output_path
 from . import formatter
-from .convert import add_quant_args, convert_dir, plan_options
+from .convert import add_quant_args, convert_dir
+from .planning import execute, options, size_summary
 
 EXAMPLES = """examples:
   gguftool hub HuggingFaceTB/SmolLM2-135M-Instruct --type Q4_HQQ           # -> SmolLM2-135M-Instruct-Q4_HQQ.gguf
@@ -38,8 +39,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    if args.type is None and not args.recipe:
-        args.type = DEFAULT_TYPE
     label = (args.type or Path(args.recipe).stem).upper() if (args.type or args.recipe) else DEFAULT_TYPE
     out = args.output or Path(f"{args.repo_id.split('/')[-1]}-{label}.gguf")
     check_output_path(out, [])
@@ -48,24 +47,20 @@ def run(args) -> int:
     print(f"{args.repo_id}@{snap.revision}: commit {snap.commit} in {snap.path}", file=sys.stderr)
     record = snap.record(hubio.endpoint())
     if snap.kind == "checkpoint":
-        return convert_dir(snap.path, out, args, record=record, name=args.repo_id.split("/")[-1])
+        return convert_dir(snap.path, out, args, record=record, name=args.repo_id.split("/")[-1], default_type=DEFAULT_TYPE)
     return requantize(snap.gguf_file, out, args, record)
 
 
 def requantize(src_path: Path, out: Path, args, record: dict[str, str]) -> int:
     from ..io.reader import GGUFFile
-    from ..pipeline import plan as planning
     from ..pipeline.quantize import run as run_quantize
-    from .quantize import print_plan
     src = GGUFFile(src_path)
-    opts, params, rec = plan_options(args)
-    opts.allow_requantize = True
-    plan = planning.make_plan(src, opts)
-    if args.dry_run:
-        print_plan(plan, args.format)
-        return 0
-    check_output_path(out, [src_path])
-    run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params, record={**rec, **record})
-    print(f"{out}: requantized {src_path.name} -> {opts.target}, {plan.out_bytes / 2**20:.1f} MiB, "
-          f"{8 * plan.out_bytes / plan.n_params:.3f} bpw")
+    opts, params, rec, _ = options(args, DEFAULT_TYPE)
+
+    def write(plan):
+        run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params, record={**rec, **record})
+
+    plan = execute(args, src, out, [src_path], opts, params, write)
+    if plan is not None:
+        print(f"{out}: requantized {src_path.name} -> {opts.target}, {size_summary(plan)}")
     return 0

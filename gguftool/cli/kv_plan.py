@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 
 from ..io.reader import GGUFFile
-from ..pipeline.kvplan import Shape, parse_size, plan
+from ..pipeline.kvplan import Shape, plan
+from .size import parse_size
 from . import formatter
 
 EXAMPLES = """examples:

@@ -106,15 +106,12 @@ def run(args) -> int:
 def _rerender(out: Path) -> int:
     import json
 
-    from ..validate import isolate, report
+    from ..validate import report, session
     try:
         rec = json.loads((out / "report.json").read_text())
     except (OSError, ValueError) as e:
         raise GgufToolError(f"cannot read {out / 'report.json'}: {e}") from e
-    if rec.get("isolate") is not None:
-        rec["isolate"] = isolate.analyse([c for c in rec["cells"] if c["role"] != "reference-model"])
-        rec["ok"] = not any(c.get("failed") for c in rec["cells"]) and not any(
-            f["level"] == "bug" for f in rec["isolate"]["flags"])
+    rec = session.reanalyse(rec)
     paths = report.write(rec, out)
     print(f"report: {paths['md']}  (JSON: {paths['json']})")
     return 0 if rec["ok"] else 1

@@ -1,9 +1,7 @@
 """A Hugging Face checkpoint directory seen as a model source for the quantize pipeline.
 
-`HFModel` offers what `pipeline.quantize.run` reads from a GGUF file - `path`, `architecture`,
-`tensors` (GGUF names, numpy-order shapes, a type and `raw_rows()`), `name in model`, `release(t)` -
-plus `write_metadata(writer)`, which writes the architecture's hyperparameters and the tokenizer
-instead of copying a GGUF header. Tensors are read lazily from the memory-mapped safetensors, one at
+`HFModel` is a `pipeline.source.ModelSource`, like a GGUF file: its `write_metadata(writer)` writes
+the architecture's hyperparameters and the tokenizer instead of copying a GGUF header. Tensors are read lazily from the memory-mapped safetensors, one at
 a time: a tensor's bytes (permuted, if the family needs it) exist only while it is being written.
 """
 from __future__ import annotations
@@ -17,11 +15,12 @@ import numpy as np
 from gguf import GGUFValueType
 
 from ..errors import GgufToolError
-from ..io.reader import RowShape, TensorType, tensor_type
+from ..io.reader import RowShape
+from ..types import TensorType, stock
 from ..io.safetensors import FLOAT_DTYPES, Checkpoint, STensor
 from . import archs, vocab
 
-F32, F16, BF16 = (tensor_type(int(gguf.GGMLQuantizationType[n])) for n in ("F32", "F16", "BF16"))
+F32, F16, BF16 = (stock(n) for n in ("F32", "F16", "BF16"))
 _BY_DTYPE = {"F32": F32, "F16": F16, "BF16": BF16}
 # GGUF tensors convert_hf_to_gguf.py always stores as F32 (besides 1-D tensors, norms and biases)
 F32_NAMES = ("position_embd.weight", "token_types.weight")
@@ -33,7 +32,7 @@ def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 @dataclass
 class ConvertedTensor(RowShape):
-    """One GGUF tensor made from checkpoint data; duck-types io.reader.Tensor for the pipeline."""
+    """One GGUF tensor made from checkpoint data (a pipeline.source.TensorSource)."""
     name: str
     shape: tuple[int, ...]
     type: TensorType

@@ -19,7 +19,8 @@ from gguf import GGUFEndian, GGUFValueType, GGUFWriter
 from .. import __version__
 from .. import types as registry
 from ..errors import GgufToolError
-from .reader import GGUFFile, TensorType
+from ..types import TensorType
+from .reader import GGUFFile
 
 
 def check_output_path(out: Path, inputs: list[Path]) -> None:
@@ -78,6 +79,10 @@ class StreamingWriter:
             return  # GGUFWriter writes it from `arch`
         self._w.kv_data[0].pop(key, None)
         self._w.add_key_value(key, value, vtype, sub_type)
+
+    def remove(self, key: str) -> None:
+        """Drop `key` if it was added (or copied)."""
+        self._w.kv_data[0].pop(key, None)
 
     def copy_metadata(self, src: GGUFFile, skip_prefixes: tuple[str, ...] = ()) -> None:
         """Every key of `src` (but gguftool's type records and skip_prefixes), byte for byte where the

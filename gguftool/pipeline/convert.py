@@ -22,7 +22,7 @@ def make_plan(model: HFModel, opts: planning.Options) -> planning.Plan:
     opts.allow_requantize = True  # BF16/F16 checkpoints are the input here, not a quantized model
     plan = planning.make_plan(model, opts)
     for i, s in enumerate(plan.steps):
-        if s.tensor.name in F32_NAMES and s.action != "copy" and not getattr(s, "chosen_by", ""):
+        if s.tensor.name in F32_NAMES and s.action != "copy" and not s.chosen_by:
             plan.steps[i] = planning.Step(s.tensor, s.tensor.type, "copy", "kept F32, as llama.cpp's converter does")
     return plan
 

@@ -7,12 +7,13 @@ allocates them with --swa-full; `swa_layers` reports how many could be smaller.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import GgufToolError
 from ..io.reader import GGUFFile
 from ..quant import codec
+from ..types import CACHE_TYPES
 
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "q4_hqq", "q4_hqq_128", "tq3_0")
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,19 @@ def plan(shape: Shape, memory: int, *, kv_only: bool = False, types: tuple[str, 
     return rows
 
 
-def parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "KIB": 2**10, "M": 1e6, "MB": 1e6, "MIB": 2**20,
-             "G": 1e9, "GB": 1e9, "GIB": 2**30, "T": 1e12, "TB": 1e12, "TIB": 2**40}
-    s = text.strip().upper().replace(" ", "")
-    num = s.rstrip("KMGTIB")
+def columns(model: Path, k: str, v: str, ctx: int) -> dict:
+    """Bits per cached value and KV memory of a K/V cache pair, from the model's own metadata (validate's report)."""
     try:
-        return int(float(num) * units[s[len(num):]])
-    except (ValueError, KeyError):
-        raise GgufToolError(f"cannot read size {text!r}", hint="e.g. 2GiB, 1.5GB, 512MiB") from None
+        shape = Shape.from_gguf(GGUFFile(str(model)))
+        bpt = bytes_per_token(shape, k, v)
+    except (GgufToolError, OSError, ValueError):
+        bpt = None
+        shape = None
+    ck, cv = codec(k), codec(v)
+    if shape:
+        dk, dv = shape.head_dim_k, shape.head_dim_v
+    else:
+        dk = dv = 1
+    bpv = (ck.bpw * dk + cv.bpw * dv) / (dk + dv)
+    return {"bits_per_value": bpv, "kv_bytes_per_token": bpt,
+            "kv_mib_at_ctx": (bpt * ctx / 2**20) if bpt else None}

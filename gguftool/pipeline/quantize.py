@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -10,12 +9,13 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType, LlamaFileType
 
+from .. import types
 from ..errors import GgufToolError
-from ..io.reader import GGUFFile, Tensor
 from ..io.writer import StreamingWriter
 from ..quant import Codec, codec
 from ..quant.parallel import map_row_ranges
 from .plan import Plan
+from .source import ModelSource, TensorSource
 from .progress import bar
 
 CHUNK_VALUES = 1 << 24  # ~64 MiB of float32 per step: memory stays flat for any model size
@@ -29,16 +29,33 @@ def solver_params(c: Codec, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _uses_hqq(type_name: str, params: dict[str, Any]) -> bool:
-    """Q4_HQQ/Q4_HQQ_128, or a stock layout that takes a solver (Q4_1, Q5_1) with solver "hqq"."""
-    return type_name in ("Q4_HQQ", "Q4_HQQ_128") or ("solver" in codec(type_name).params and params.get("solver") == "hqq")
+    """One of our hqq-family types, or a stock layout the solver fills when asked (solver "hqq")."""
+    t = types.lookup(type_name)
+    if t is not None:
+        return t.family == "hqq"
+    return type_name in types.HQQ_STOCK_TARGETS and params.get("solver") == "hqq"
 
 
-def dequantize_rows(src: GGUFFile, t: Tensor, r0: int, r1: int) -> np.ndarray:
+def _hqq_steps(plan: Plan, params: dict[str, Any]) -> list:
+    return [s for s in plan.steps if s.action == "quantize" and _uses_hqq(s.out_type.name, {**params, **s.params})]
+
+
+def ignored_params(plan: Plan, params: dict[str, Any]) -> list[str]:
+    """A warning naming the HQQ parameters that no tensor of `plan` uses (none when some tensor does)."""
+    ignored = sorted(k for k, v in params.items() if k != "solver" or v == "hqq")
+    if not ignored or _hqq_steps(plan, params):
+        return []
+    ours = ", ".join(t.name for t in types.CUSTOM_TYPES if t.family == "hqq")
+    return [f"HQQ parameters {ignored} ignored: no tensor uses the HQQ solver "
+            f"(it fills {ours}, and {'/'.join(types.HQQ_STOCK_TARGETS)} with --solver hqq)"]
+
+
+def dequantize_rows(src: ModelSource, t: TensorSource, r0: int, r1: int) -> np.ndarray:
     rows = t.raw_rows()[r0:r1]
     return np.asarray(codec(t.type.name).dequantize(rows), dtype=np.float32).reshape(r1 - r0, t.n_per_row)
 
 
-def quantize_tensor(src: GGUFFile, t: Tensor, out: Codec, threads: int, params: dict[str, Any], progress=None):
+def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int, params: dict[str, Any], progress=None):
     """Yields the output bytes of `t` chunk by chunk, as uint8 [rows, row_bytes]. Each thread
     decodes its own rows to float32 and quantizes them, so decoding runs in parallel too."""
     step = max(1, CHUNK_VALUES // t.n_per_row)
@@ -65,29 +82,23 @@ def quantize_tensor(src: GGUFFile, t: Tensor, out: Codec, threads: int, params: 
         yield q
 
 
-def run(src: GGUFFile, plan: Plan, out_path: Path, *, target: str, threads: int = 1,
+def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: int = 1,
         params: dict[str, Any] | None = None, record: dict[str, str] | None = None) -> None:
     params = params or {}
     w = StreamingWriter(out_path, src.architecture)
-    if hasattr(src, "write_metadata"):
-        src.write_metadata(w)  # a converted checkpoint (gguftool.convert.HFModel) writes its own header
-    else:
-        w.copy_metadata(src)
+    src.write_metadata(w)
     ftype = getattr(LlamaFileType, f"MOSTLY_{target}", None) or (LlamaFileType.ALL_F32 if target == "F32" else None)
     if ftype is not None:
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
-    elif "general.file_type" in getattr(src, "fields", {}):
-        w._w.kv_data[0].pop("general.file_type", None)  # no llama_ftype for our types: let llama.cpp guess
+    else:
+        w.remove("general.file_type")  # no llama_ftype for our types: let llama.cpp guess
     record = {"quantize.target": target, **(record or {})}
-    hqq_steps = [s for s in plan.steps if s.action == "quantize" and _uses_hqq(s.out_type.name, {**params, **s.params})]
+    hqq_steps = _hqq_steps(plan, params)
     if hqq_steps:
         from ..quant.hqq import DEFAULTS, HQQParams
         for s in hqq_steps:   # a bad parameter fails here, before anything is written
             HQQParams.make(**solver_params(codec(s.out_type.name), {**params, **s.params}))
         record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)   # they change between versions
-    elif ignored := sorted(k for k, v in params.items() if k != "solver" or v == "hqq"):
-        print(f"warning: HQQ parameters {ignored} ignored: no tensor uses the HQQ solver "
-              "(it fills Q4_HQQ, Q4_HQQ_128, and Q4_1/Q5_1 with --solver hqq)", file=sys.stderr)
     w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..pipeline.kvplan import columns as kv_columns
+from ..types import CACHE_TYPES
 from . import isolate as iso
 from . import metrics
 from .runners import RunResult, Runner, sha256_file
 
-CACHE_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_hqq", "q4_hqq_128", "tq3_0")
 DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q4_hqq/q4_hqq", "tq3_0/tq3_0")
 DEFAULT_PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
 TOOLS = ("llama-perplexity", "llama-bench", "llama-completion")
@@ -210,27 +211,6 @@ def file_info(p: Path) -> dict:
     return {"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
 
 
-def kv_columns(model: Path, k: str, v: str, ctx: int) -> dict:
-    """Bits per cached value and KV memory from the model's own metadata (gguftool kv-plan)."""
-    from ..io.reader import GGUFFile
-    from ..pipeline.kvplan import Shape, bytes_per_token
-    from ..quant import codec
-    try:
-        shape = Shape.from_gguf(GGUFFile(str(model)))
-        bpt = bytes_per_token(shape, k, v)
-    except (GgufToolError, OSError, ValueError):
-        bpt = None
-        shape = None
-    ck, cv = codec(k), codec(v)
-    if shape:
-        dk, dv = shape.head_dim_k, shape.head_dim_v
-    else:
-        dk = dv = 1
-    bpv = (ck.bpw * dk + cv.bpw * dv) / (dk + dv)
-    return {"bits_per_value": bpv, "kv_bytes_per_token": bpt,
-            "kv_mib_at_ctx": (bpt * ctx / 2**20) if bpt else None}
-
-
 def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, kv: list[tuple[str, str]],
                    isolate_types: list[str] | None = None, log=print, reference_model: Path | None = None) -> dict:
     """The whole run; returns the JSON-able record (report.write() turns it into files)."""
@@ -281,8 +261,22 @@ def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, 
     }
     if hasattr(runner, "pushed"):
         rec["pushes"] = runner.pushed
-    failed = [c for c in cells if c.get("failed")]
-    rec["ok"] = not failed and not (analysis and any(f["level"] == "bug" for f in analysis["flags"]))
+    rec["ok"] = verdict(rec)
+    return rec
+
+
+def verdict(rec: dict) -> bool:
+    """A record passes when every run succeeded and the isolation analysis (if any) found no bug."""
+    analysis = rec.get("isolate")
+    return not any(c.get("failed") for c in rec["cells"]) and not (
+        analysis and any(f["level"] == "bug" for f in analysis["flags"]))
+
+
+def reanalyse(rec: dict) -> dict:
+    """`rec` (a report.json) with the isolation analysis and the verdict computed again by this version."""
+    if rec.get("isolate") is not None:
+        rec["isolate"] = iso.analyse([c for c in rec["cells"] if c["role"] != "reference-model"])
+        rec["ok"] = verdict(rec)
     return rec
 
 

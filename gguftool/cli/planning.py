@@ -1,0 +1,115 @@
+"""What quantize, convert and hub share: the planning options and the plan -> run -> summary flow."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .. import types
+from ..errors import GgufToolError
+from ..io.writer import check_output_path
+from ..pipeline import plan as planning
+from ..pipeline.quantize import ignored_params
+from ..pipeline.source import ModelSource
+
+HQQ_OURS = ", ".join(t.name for t in types.CUSTOM_TYPES if t.family == "hqq")
+HQQ_STOCK = "/".join(types.HQQ_STOCK_TARGETS)
+SOLVER_PARAMS = {"hqq_iters": "iters", "hqq_lp_norm": "lp_norm", "hqq_beta": "beta", "hqq_kappa": "kappa",
+                 "hqq_scale_search": "scale_search", "hqq_refit": "refit"}
+
+
+def add_plan_args(p) -> None:
+    """The planning options, under the same names in every command that writes a model."""
+    p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
+                   help="type for tensors whose GGUF name matches REGEX (repeatable, first match wins)")
+    p.add_argument("--output-tensor-type", metavar="TYPE", help="type for output.weight")
+    p.add_argument("--token-embedding-type", metavar="TYPE", help="type for token_embd.weight")
+    p.add_argument("--pure", action="store_true", help="no mixing: every quantizable tensor gets TYPE")
+    p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
+    p.add_argument("--dry-run", action="store_true", help="print the per-tensor plan and the size; write nothing")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format of --dry-run")
+    p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
+    s = p.add_argument_group(f"HQQ solver ({HQQ_OURS}; {HQQ_STOCK} with --solver hqq)")
+    s.add_argument("--solver", choices=("ref", "hqq"), help=f"for {HQQ_STOCK}: llama.cpp's reference (default) or HQQ")
+    s.add_argument("--hqq-iters", type=int, help="proximal iterations (default 20)")
+    s.add_argument("--hqq-lp-norm", type=float, help="p of the lp-norm shrinkage (default 0.7)")
+    s.add_argument("--hqq-beta", type=float, help="initial beta (default 10)")
+    s.add_argument("--hqq-kappa", type=float, help="beta growth per iteration (default 1.01)")
+    s.add_argument("--hqq-scale-search", type=int,
+                   help="0 = the min-max scale only (default); n = also try 2n scales: ~6%% lower error, ~2x the time")
+    s.add_argument("--hqq-refit", type=int,
+                   help="rounds of least-squares refit of scale/zero (default 2); 0 with scale search 0 = plain HQQ")
+
+
+def options(args, default_type: str | None = None):
+    """(planning options, solver parameters, record entries, recipe) from the shared arguments."""
+    from ..pipeline.recipe import load
+    recipe = load(args.recipe) if args.recipe else None
+    target = args.type or (default_type if recipe is None else None)
+    if not target and recipe is None:
+        raise GgufToolError("give a TYPE or a --recipe", hint="e.g. `gguftool quantize in.gguf out.gguf Q4_HQQ`")
+    opts = planning.Options(
+        target=target.upper() if target else "",
+        allow_requantize=args.allow_requantize,
+        tensor_types=[planning.parse_tensor_type(s) for s in args.tensor_type],
+        output_tensor_type=args.output_tensor_type,
+        token_embedding_type=args.token_embedding_type,
+        pure=args.pure,
+        leave_output_tensor=args.leave_output_tensor,
+    )
+    if recipe:
+        opts = recipe.options(opts)
+    params = {v: getattr(args, k) for k, v in SOLVER_PARAMS.items() if getattr(args, k) is not None}
+    if args.solver:
+        params["solver"] = args.solver
+    params = {**(recipe.solver if recipe else {}), **params}
+    record = {"quantize.params": json.dumps(params, sort_keys=True)} if params else {}
+    if recipe:
+        record.update({"recipe.name": recipe.name, "recipe.toml": recipe.text})
+    return opts, params, record, recipe
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def execute(args, src: ModelSource, out: Path, inputs: list[Path], opts: planning.Options, params: dict,
+            write: Callable[[planning.Plan], None], *, make_plan=planning.make_plan,
+            refine: Callable[[planning.Plan], planning.Plan] | None = None) -> planning.Plan | None:
+    """Plan, warn, then print the plan (--dry-run: returns None) or write the output with `write`."""
+    plan = make_plan(src, opts)
+    for rule in planning.unused_rules(plan, opts):
+        warn(f"{rule.origin}: pattern {rule.pattern.pattern!r} matches no tensor")
+    if refine is not None:
+        plan = refine(plan)
+    if args.dry_run:
+        print_plan(plan, args.format)
+        return None
+    check_output_path(out, inputs)
+    for message in ignored_params(plan, params):
+        warn(message)
+    for note in plan.notes:
+        print(f"note: {note}", file=sys.stderr)
+    write(plan)
+    return plan
+
+
+def size_summary(plan: planning.Plan) -> str:
+    return f"{plan.out_bytes / 2**20:.1f} MiB, {8 * plan.out_bytes / plan.n_params:.3f} bpw"
+
+
+def print_plan(plan: planning.Plan, fmt: str) -> None:
+    rows = [{"name": s.tensor.name, "shape": list(s.tensor.shape), "from": s.tensor.type.name,
+             "to": s.out_type.name, "action": s.action, "bytes": s.out_bytes, "note": s.note} for s in plan.steps]
+    summary = {"tensors": rows, "input_bytes": plan.in_bytes, "output_bytes": plan.out_bytes,
+               "bits_per_weight": 8 * plan.out_bytes / plan.n_params}
+    if fmt == "json":
+        print(json.dumps(summary, indent=2))
+        return
+    for r in rows:
+        print(f"{r['name']:<44}{r['from']:>8} -> {r['to']:<11}{r['action']:<9}{r['bytes']:>12,}  {r['note']}")
+    print(f"total: {plan.in_bytes / 2**20:.1f} MiB -> {plan.out_bytes / 2**20:.1f} MiB, "
+          f"{summary['bits_per_weight']:.3f} bpw")
