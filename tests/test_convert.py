@@ -12,11 +12,12 @@ from gguf import GGMLQuantizationType, quants
 
 from gguftool.cli import main
 from gguftool.convert import archs, open_model
-from gguftool.convert.export import PRE_TOKENIZERS, export_llama
 from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile
-from gguftool.io.safetensors import Checkpoint, SafetensorsFile, save_file
+from gguftool.io.safetensors import Checkpoint, SafetensorsFile
 from gguftool.quant import codec
+
+from .hf_export import PRE_TOKENIZERS, export_llama, save_file, unpermute
 
 
 # -- small checkpoints the tests build -------------------------------------------------------------------
@@ -150,7 +151,7 @@ def test_permutation_is_llamacpp_interleaving():
     w = np.arange(8, dtype=np.float32).reshape(4, 2)
     assert np.array_equal(archs.permute(w, 1), w[[0, 2, 1, 3]])
     x = np.random.default_rng(0).standard_normal((3 * 8, 5))
-    assert np.array_equal(archs.unpermute(archs.permute(x, 3), 3), x)
+    assert np.array_equal(unpermute(archs.permute(x, 3), 3), x)
     assert not np.array_equal(archs.permute(x, 3), x)
 
 

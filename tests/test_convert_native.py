@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from gguftool.cli import main
-from gguftool.convert.export import export_llama
 from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile
+
+from .hf_export import export_llama
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 SENTENCES = ["The quick brown fox jumps over the lazy dog.",

@@ -3,7 +3,6 @@
 archs   which HF classes map to which llama.cpp architecture; hyperparameters; q/k permutation
 vocab   tokenizer.json -> GGUF tokenizer metadata (gguf's SpecialVocab for merges and special ids)
 model   HFModel: the checkpoint as a lazy, tensor-by-tensor source for the quantize pipeline
-job     plan + pipeline run: convert and quantize in one pass
 """
 from .archs import SUPPORTED
 from .model import HFModel, open_model

@@ -204,11 +204,6 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of `permute`: llama.cpp layout -> HF layout."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def transform_for(arch: Arch, cfg: dict[str, Any], name: str) -> Transform | None:
     if not arch.permute_qk:
         return None

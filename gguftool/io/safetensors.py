@@ -164,30 +164,3 @@ class Checkpoint:
     @property
     def n_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors.values())
-
-
-def save_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None,
-              bf16: frozenset[str] = frozenset()) -> Path:
-    """Write a safetensors file (tests and the test hub build checkpoints with it). Names in `bf16` hold
-    uint16 bf16 bits. Tensors are stored in the given order, 8-byte aligned as the reference writer does."""
-    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64", np.dtype("<i4"): "I32"}
-    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    arrays = []
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        dt = "BF16" if name in bf16 else names.get(a.dtype.newbyteorder("<"))
-        if dt is None:
-            raise ValueError(f"{name}: dtype {a.dtype} not supported by save_file")
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-        arrays.append(a)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)
-    path = Path(path)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little"))
-        f.write(raw)
-        for a in arrays:
-            a.tofile(f)
-    return path

@@ -79,11 +79,6 @@ def codec(name: str) -> Codec:
     return c
 
 
-def codec_by_id(type_id: int) -> Codec | None:
-    _load()
-    return next((c for c in _CODECS.values() if c.id == type_id), None)
-
-
 def all_codecs() -> list[Codec]:
     _load()
     return sorted(_CODECS.values(), key=lambda c: c.id)

@@ -283,6 +283,3 @@ def reanalyse(rec: dict) -> dict:
 def digest(obj: str) -> str:
     return hashlib.sha256(obj.encode()).hexdigest()[:12]
 
-
-def finite_or_none(x):
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

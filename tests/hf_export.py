@@ -1,4 +1,5 @@
-"""GGUF (llama family) -> Hugging Face checkpoint directory: the reverse of `convert`.
+"""Test fixtures that write Hugging Face checkpoints: a safetensors writer, and GGUF (llama family) ->
+HF checkpoint directory, the reverse of `convert`.
 
 Weights are de-quantized to float32 safetensors with q/k put back in HF's rotary layout, and a
 byte-level BPE tokenizer.json is rebuilt from the GGUF vocabulary and merges. Tests use it to
@@ -8,16 +9,47 @@ such files we can reach), so the converter can be checked against a file llama.c
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import GgufToolError
-from ..io.reader import GGUFFile
-from ..io.safetensors import save_file
-from ..quant import codec
-from .archs import unpermute
-from .vocab import LLAMA3_RX, QWEN2_RX
+from gguftool.convert.vocab import LLAMA3_RX, QWEN2_RX
+from gguftool.errors import GgufToolError
+from gguftool.io.reader import GGUFFile
+from gguftool.quant import codec
+
+def save_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None,
+              bf16: frozenset[str] = frozenset()) -> Path:
+    """Write a safetensors file (tests and the test hub build checkpoints with it). Names in `bf16` hold
+    uint16 bf16 bits. Tensors are stored in the given order, 8-byte aligned as the reference writer does."""
+    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64", np.dtype("<i4"): "I32"}
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    arrays = []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        dt = "BF16" if name in bf16 else names.get(a.dtype.newbyteorder("<"))
+        if dt is None:
+            raise ValueError(f"{name}: dtype {a.dtype} not supported by save_file")
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+        arrays.append(a)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for a in arrays:
+            a.tofile(f)
+    return path
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of gguftool.convert.archs.permute: llama.cpp layout -> HF layout."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
 
 # llama.cpp name -> transformers' LlamaForCausalLM name ({i}: block)
 LLAMA_NAMES = {
