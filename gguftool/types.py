@@ -150,7 +150,8 @@ def tensor_type(type_id: int, where: str = "") -> TensorType:
             problem = f"type id {type_id} is an upstream ggml type that the installed gguf package does not know"
         else:
             problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
-        raise GgufToolError(f"{where}{problem}", hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it")
+        raise GgufToolError(f"{where}{problem}",
+                            hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it") from None
 
 
 def collisions(upstream_ids: dict[str, int] | None = None) -> list[str]:

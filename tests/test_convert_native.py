@@ -20,7 +20,8 @@ from .hf_export import export_llama
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 SENTENCES = ["The quick brown fox jumps over the lazy dog.",
-             "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.",
+             "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+             "must be in want of a wife.",
              "Quantization trades a little accuracy for a much smaller model.",
              "HELLO world! Tokenizers lowercase this for an uncased BERT."]
 

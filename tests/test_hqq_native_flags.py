@@ -47,9 +47,8 @@ def native_lib(request, tmp_path_factory):
 
 
 def test_native_build_matches_known_answers(native_lib):
-    from tests.test_hqq_kat import PARAM_SETS, TARGETS
-
     from gguftool.quant.hqq import TARGETS as INFO
+    from tests.test_hqq_kat import PARAM_SETS, TARGETS
     with np.load(KAT) as f:
         kat = dict(f)
     x = np.ascontiguousarray(kat["x"])
@@ -93,10 +92,9 @@ int main(void) {
 def test_arm64_build_matches_known_answers(tmp_path):
     from dataclasses import asdict
 
-    from tests.test_hqq_kat import PARAM_SETS, TARGETS
-
     from gguftool.quant.hqq import DEFAULTS
     from gguftool.quant.hqq import TARGETS as INFO
+    from tests.test_hqq_kat import PARAM_SETS, TARGETS
     cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
     if not cc or not qemu:
         pytest.skip("aarch64-linux-gnu-gcc or qemu-aarch64 missing (apt-get install gcc-aarch64-linux-gnu qemu-user)")

@@ -14,7 +14,7 @@ from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile, tensor_type
 from gguftool.io.writer import StreamingWriter, check_output_path
 
-from .conftest import tiny_llama, write_gguf
+from .conftest import tiny_llama
 
 
 def _write_custom(path, tensors):
@@ -75,6 +75,7 @@ def test_bulk_metadata_equals_gguf_py(smollm2):
     tokens, scores, merges), and the packed bytes gguf.GGUFWriter's, for every array type and both
     byte orders."""
     from gguf import GGUFEndian, GGUFWriter
+
     from gguftool.io.writer import _Writer
     src = smollm2
     ours, theirs = GGUFFile(src), GGUFReader(src)
@@ -116,14 +117,19 @@ def test_copy_metadata_keeps_every_value(smollm2, tmp_path, order):
             g.add_key_value(k, _py(f.contents()), GGUFValueType(f.types[0]),
                             GGUFValueType(f.types[-1]) if len(f.types) > 1 else None)
         g.add_tensor("t", np.ones((2, 32), np.float32))
-        g.write_header_to_file(); g.write_kv_data_to_file(); g.write_tensors_to_file(); g.close()
+        g.write_header_to_file()
+        g.write_kv_data_to_file()
+        g.write_tensors_to_file()
+        g.close()
     f = GGUFFile(src)
     assert f.raw_value("general.architecture") == (None if order == "big" else
                                                    struct.pack("<IQ", GGUFValueType.STRING, 5) + b"llama")
     w = StreamingWriter(tmp_path / "copy.gguf", "llama")
     w.copy_metadata(f)
     w.add_tensor_info("t", (2, 32), tensor_type(GGMLQuantizationType.F32))
-    w.begin(); w.write(np.ones((2, 32), np.float32)); w.commit()
+    w.begin()
+    w.write(np.ones((2, 32), np.float32))
+    w.commit()
     a, b = GGUFReader(src), GGUFReader(tmp_path / "copy.gguf")
     keys = [k for k in a.fields if not k.startswith("GGUF.")]
     assert keys == [k for k in b.fields if not k.startswith(("GGUF.", "gguftool."))]

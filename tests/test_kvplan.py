@@ -4,8 +4,8 @@ import json
 import pytest
 
 from gguftool.cli import main
-from gguftool.errors import GgufToolError
 from gguftool.cli.size import parse_size
+from gguftool.errors import GgufToolError
 from gguftool.pipeline.kvplan import Shape, bytes_per_token, plan
 
 

@@ -10,7 +10,6 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from gguftool.cli import main
-from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile
 from gguftool.pipeline import plan as planning
 from gguftool.pipeline import quantize as qpipe

@@ -7,7 +7,8 @@ import pytest
 from gguftool.cli import main
 from gguftool.errors import GgufToolError
 from gguftool.io.reader import GGUFFile
-from gguftool.pipeline import budget, plan as planning, recipe
+from gguftool.pipeline import budget, recipe
+from gguftool.pipeline import plan as planning
 
 from .conftest import tiny_llama
 

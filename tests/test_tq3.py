@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T, quants
+from gguf import GGMLQuantizationType as T
+from gguf import quants
 
+from gguftool._fast import _tq3
 from gguftool.errors import GgufToolError
 from gguftool.quant import tq3
 from gguftool.quant import tq3_codebook as cb
-from gguftool._fast import _tq3
 
 ROOT = Path(__file__).resolve().parent.parent
 KAT = Path(__file__).parent / "data" / "tq3_kat_v1.npz"

@@ -5,8 +5,8 @@ import json
 
 from ..io.reader import GGUFFile
 from ..pipeline.kvplan import Shape, plan
-from .size import parse_size
 from . import formatter
+from .size import parse_size
 
 EXAMPLES = """examples:
   gguftool kv-plan model.gguf --memory 2GiB            # weights + KV must fit in 2 GiB

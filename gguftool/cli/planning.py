@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .. import types
 from ..errors import GgufToolError

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import numpy as np
@@ -139,7 +140,8 @@ def write_hparams(arch: Arch, cfg: dict[str, Any], g: gguf.GGUFWriter, model_dir
         g.add_layer_norm_eps(v)
     head_dim = cfg.get("head_dim")
     if head_dim is None and arch.name == "llama" and cfg.get("num_attention_heads"):
-        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]  # transformers' LlamaConfig default, which convert_hf_to_gguf.py sees
+        # transformers' LlamaConfig default, which convert_hf_to_gguf.py sees
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
     if head_dim is not None:
         g.add_key_length(int(head_dim))
         g.add_value_length(int(head_dim))

@@ -1,14 +1,16 @@
 """A Hugging Face checkpoint directory seen as a model source for the quantize pipeline.
 
 `HFModel` is a `pipeline.source.ModelSource`, like a GGUF file: its `write_metadata(writer)` writes
-the architecture's hyperparameters and the tokenizer instead of copying a GGUF header. Tensors are read lazily from the memory-mapped safetensors, one at
-a time: a tensor's bytes (permuted, if the family needs it) exist only while it is being written.
+the architecture's hyperparameters and the tokenizer instead of copying a GGUF header. Tensors are read
+lazily from the memory-mapped safetensors, one at a time: a tensor's bytes (permuted, if the family
+needs it) exist only while it is being written.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import numpy as np
@@ -16,8 +18,8 @@ from gguf import GGUFValueType
 
 from ..errors import GgufToolError
 from ..io.reader import RowShape
-from ..types import TensorType, stock
 from ..io.safetensors import FLOAT_DTYPES, Checkpoint, STensor
+from ..types import TensorType, stock
 from . import archs, vocab
 
 F32, F16, BF16 = (stock(n) for n in ("F32", "F16", "BF16"))

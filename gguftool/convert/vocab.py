@@ -105,8 +105,9 @@ def write_bpe(model_dir: Path, tok: dict[str, Any], vocab_size: int | None, g: g
         return "default"
     pre = pre_override or detect_pre(tok)
     if pre is None:
-        raise GgufToolError(f"{model_dir}/tokenizer.json: unrecognised pre-tokenizer {json.dumps(tok.get('pre_tokenizer'))[:200]}",
-                            hint=f"pass --tokenizer-pre NAME with llama.cpp's name for it (gguftool knows {', '.join(KNOWN_PRE)})")
+        raise GgufToolError(
+            f"{model_dir}/tokenizer.json: unrecognised pre-tokenizer {json.dumps(tok.get('pre_tokenizer'))[:200]}",
+            hint=f"pass --tokenizer-pre NAME with llama.cpp's name for it (gguftool knows {', '.join(KNOWN_PRE)})")
     tokens, types = base_vocab(tok, vocab_size)
     g.add_tokenizer_model("gpt2")
     g.add_tokenizer_pre(pre)

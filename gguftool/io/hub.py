@@ -16,9 +16,9 @@ import fnmatch
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import GgufToolError
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class STensor:
     shape: tuple[int, ...]
     begin: int                  # absolute file offset
     n_bytes: int
-    file: "SafetensorsFile"
+    file: SafetensorsFile
 
     @property
     def n_elements(self) -> int:
@@ -149,7 +149,8 @@ class Checkpoint:
             other = sorted(p.name for p in self.dir.glob("*.bin")) + sorted(p.name for p in self.dir.glob("*.pt*"))
             raise GgufToolError(f"{self.dir}: no *.safetensors weights found"
                                 + (f" (only PyTorch pickles: {', '.join(other[:3])})" if other else ""),
-                                hint="gguftool reads safetensors only; convert pickles with transformers' save_pretrained(safe_serialization=True)")
+                                hint="gguftool reads safetensors only; convert pickles with transformers' "
+                                     "save_pretrained(safe_serialization=True)")
         return found
 
     def __iter__(self) -> Iterator[STensor]:

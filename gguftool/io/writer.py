@@ -10,8 +10,9 @@ import contextlib
 import errno
 import os
 import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from gguf import GGUFEndian, GGUFValueType, GGUFWriter
@@ -169,7 +170,7 @@ class StreamingWriter:
             self.tmp.unlink()
 
     @contextlib.contextmanager
-    def session(self) -> Iterator["StreamingWriter"]:
+    def session(self) -> Iterator[StreamingWriter]:
         """Removes the temporary file on any error or interrupt; the output name is only ever a whole file."""
         try:
             yield self
@@ -195,5 +196,6 @@ def _remove_stale_temporaries(out: Path) -> None:
 
 def _os_error(out: Path, e: OSError) -> GgufToolError:
     if e.errno == errno.ENOSPC:
-        return GgufToolError(f"{out}: disk full while writing; the partial file was removed", hint="free space or choose another directory")
+        return GgufToolError(f"{out}: disk full while writing; the partial file was removed",
+                             hint="free space or choose another directory")
     return GgufToolError(f"{out}: write failed: {e.strerror or e}")

@@ -15,7 +15,6 @@ from ..quant import codec
 from ..types import CACHE_TYPES
 
 
-
 @dataclass(frozen=True)
 class Shape:
     n_layer: int
@@ -26,7 +25,7 @@ class Shape:
     swa_layers: int = 0
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "Shape":
+    def from_gguf(cls, f: GGUFFile) -> Shape:
         a = f.architecture
 
         def need(key: str) -> int:

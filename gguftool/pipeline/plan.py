@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import GgufToolError
+from ..quant import codec
 from ..types import CUSTOM_TYPES, PRODUCIBLE, TensorType
 from .source import ModelSource, TensorSource
-from ..quant import codec
 
 OUTPUT = "output.weight"
 TOKEN_EMBD = "token_embd.weight"

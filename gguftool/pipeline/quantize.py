@@ -15,8 +15,8 @@ from ..io.writer import StreamingWriter
 from ..quant import Codec, codec
 from ..quant.parallel import map_row_ranges
 from .plan import Plan
-from .source import ModelSource, TensorSource
 from .progress import bar
+from .source import ModelSource, TensorSource
 
 CHUNK_VALUES = 1 << 24  # ~64 MiB of float32 per step: memory stays flat for any model size
 
@@ -76,7 +76,7 @@ def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int,
 
     for r0 in range(0, t.n_rows, step):
         r1 = min(t.n_rows, r0 + step)
-        q = map_row_ranges(lambda a, b: rows(r0 + a, r0 + b), r1 - r0, threads)
+        q = map_row_ranges(lambda a, b, r0=r0: rows(r0 + a, r0 + b), r1 - r0, threads)
         if progress is not None:
             progress.update((r1 - r0) * t.n_per_row * t.type.type_size // t.type.block_size)
         yield q

@@ -5,8 +5,9 @@ converted on the fly (gguftool.convert.HFModel). The pipeline relies on these me
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

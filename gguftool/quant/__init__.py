@@ -5,8 +5,9 @@ only talks to `codec(name)`; each family module registers its codecs at import.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

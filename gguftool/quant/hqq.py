@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from .. import types
-from .._fast import _hqq   # the codecs need the extension: quant._load reports the ImportError
+from .._fast import _hqq  # the codecs need the extension: quant._load reports the ImportError
 from ..errors import GgufToolError
 
 # name -> (ggml type id, values per block, bytes per block, qmax), from the type table
@@ -95,7 +95,7 @@ class HQQParams:
     scale_search: int = 0    # 0: min-max scale only; n: also try 2n more scales, each with its zero loop
     refit: int = 2           # rounds of least-squares refit of scale and zero to the codes (0: none)
 
-    def validate(self) -> "HQQParams":
+    def validate(self) -> HQQParams:
         if not (0.0 < self.lp_norm <= 1.0):
             raise GgufToolError(f"HQQ lp_norm must be in (0, 1], got {self.lp_norm}")
         if not (self.beta > 0.0 and math.isfinite(self.beta)):
@@ -113,7 +113,7 @@ class HQQParams:
         return self
 
     @classmethod
-    def make(cls, **params: Any) -> "HQQParams":
+    def make(cls, **params: Any) -> HQQParams:
         solver = params.pop("solver", "hqq")
         if solver != "hqq":
             raise GgufToolError(f"solver {solver!r} cannot produce HQQ types", hint="use solver 'hqq'")
@@ -246,7 +246,7 @@ def _encode(W_f: np.ndarray, a: np.ndarray, b: np.ndarray, qmax: int, stock: boo
 def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
     """All blocks (rows of W_f, float32 [nb, G]) -> (a fp16 [nb], b fp16 [nb], codes uint8 [nb, G])."""
     nb, G = W_f.shape
-    a = np.zeros(nb, np.float16); b = np.zeros(nb, np.float16); q = np.zeros((nb, G), np.uint8)
+    a, b, q = np.zeros(nb, np.float16), np.zeros(nb, np.float16), np.zeros((nb, G), np.uint8)
     mn = W_f.min(axis=1) + F32(0)   # -0 -> +0: which zero numpy's min returns is unspecified
     mx = W_f.max(axis=1) + F32(0)
     const = mn == mx
@@ -383,7 +383,7 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     name, tid, G, nbytes, _ = _target(target)
     x = _check_input(x, G, name, finite=False)
     prm = HQQParams.make(**params)
-    
+
     def run(rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.shape[0], rows.shape[1] // G * nbytes), np.uint8)
         rc = _hqq.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,

@@ -1,8 +1,8 @@
 """Row-parallel execution: the kernels release the GIL, so plain threads scale across cores."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._fast import _tq3
 from ..errors import GgufToolError
 from ..types import BY_NAME
-from .._fast import _tq3
 from . import register
 from .parallel import map_rows
 from .tq3_codebook import BOUNDARIES, CENTROIDS, INV_SQRT_BLOCK_F32, SIGN_WORD, SQRT_BLOCK

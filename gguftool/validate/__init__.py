@@ -7,7 +7,7 @@ session   the plan of tool runs and the record it produces
 report    report.json + report.md + PNG plots
 cross     static aarch64 build of the pinned llama.cpp (for adb and qemu-arm64)
 """
-from .runners import AdbRunner, LocalRunner, QemuRunner, RunResult, Runner, make_runner
+from .runners import AdbRunner, LocalRunner, QemuRunner, Runner, RunResult, make_runner
 from .session import DEFAULT_KV, Settings, default_text, parse_kv, run_validation
 
 __all__ = ["AdbRunner", "LocalRunner", "QemuRunner", "RunResult", "Runner", "make_runner", "DEFAULT_KV", "Settings",

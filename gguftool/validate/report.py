@@ -139,7 +139,8 @@ def markdown(rec: dict, images: dict) -> str:
     verdict = ("PASS" if rec.get("ok") else "CHECK") + (f" ({n_sus} suspect cell{'s' if n_sus > 1 else ''})" if n_sus else "")
     L += [f"**{verdict}** - {rec['created']}, {rec['seconds']} s", ""]
     L += ["| | |", "|---|---|",
-          f"| model | `{rec['model']['path']}` ({rec['model']['bytes'] / 2**20:.1f} MiB, sha256 `{rec['model']['sha256'][:16]}`) |",
+          f"| model | `{rec['model']['path']}` ({rec['model']['bytes'] / 2**20:.1f} MiB, "
+          f"sha256 `{rec['model']['sha256'][:16]}`) |",
           f"| text | `{rec['text']['path']}` ({rec['text']['bytes']:,} bytes, sha256 `{rec['text']['sha256'][:16]}`) |",
           f"| target | {t['target']}" + (" (emulated: peak RSS includes qemu)" if t.get("emulated") else "")
           + (f", serial {t.get('serial')}" if t.get("serial") else "") + f", tools in `{t['bin_dir']}` |",
@@ -149,7 +150,8 @@ def markdown(rec: dict, images: dict) -> str:
           f"PPL {ref['ppl']:.4f} +/- {ref['ppl_err']:.4f}; KLD of every row is against its logits |",
           ""]
     L += ["## Quality", "",
-          "| K | V | role | bits/value | KV KiB/token | PPL | +/- | PPL ratio | mean KLD | KLD 99% | same top-1 % | peak RSS MiB |",
+          "| K | V | role | bits/value | KV KiB/token | PPL | +/- | PPL ratio | mean KLD | KLD 99% | same top-1 % "
+          "| peak RSS MiB |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in rec["cells"]:
         if c.get("failed"):
@@ -192,7 +194,8 @@ def markdown(rec: dict, images: dict) -> str:
               "or when its run failed; a both-sides cell is compared with the sum of its two single-side cells.", ""]
     perf = rec.get("perf", [])
     if any(p.get("bench") for p in perf):
-        L += ["## Speed (llama-bench)", "", "| K | V | test | t/s | +/- | test | t/s | +/- |", "|---|---|---|---|---|---|---|---|"]
+        L += ["## Speed (llama-bench)", "", "| K | V | test | t/s | +/- | test | t/s | +/- |",
+              "|---|---|---|---|---|---|---|---|"]
         for p in perf:
             b = p.get("bench") or {}
             if b.get("failed"):

@@ -12,7 +12,6 @@ exact command line of each run so a reviewer can repeat any of them by hand.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from ..pipeline.kvplan import columns as kv_columns
 from ..types import CACHE_TYPES
 from . import isolate as iso
 from . import metrics
-from .runners import RunResult, Runner, sha256_file
+from .runners import Runner, RunResult, sha256_file
 
 DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q4_hqq/q4_hqq", "tq3_0/tq3_0")
 DEFAULT_PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
