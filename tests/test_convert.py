@@ -370,3 +370,16 @@ def test_sentencepiece_style_tokenizer_json_becomes_llama_vocab(tmp_path, rng):
     assert types[-2:] == [T.UNUSED] * 2 and tokens[-1] == f"[PAD{len(vocab) + 1}]"
     assert scores[259] > scores[260] > scores[261]  # earlier pieces merge first, as in SentencePiece
     assert (f.get("tokenizer.ggml.bos_token_id"), f.get("tokenizer.ggml.eos_token_id")) == (1, 2)
+
+
+def test_both_input_kinds_are_model_sources(tmp_path, rng):
+    """The pipeline's declared protocol: a converted checkpoint and a GGUF file both satisfy it."""
+    from gguftool.pipeline.source import ModelSource, TensorSource
+
+    from .conftest import tiny_llama
+    model = open_model(tiny_checkpoint(tmp_path / "m", rng))
+    gguf_file = GGUFFile(tiny_llama(tmp_path / "t.gguf", rng))
+    for src in (model, gguf_file):
+        assert isinstance(src, ModelSource), type(src)
+        assert all(isinstance(t, TensorSource) for t in src.tensors)
+    assert not isinstance(object(), ModelSource)

@@ -306,7 +306,6 @@ def test_ggml_entry_points(target):
     _hqq.quantize_row_ref(tid, x[0], row)
     assert np.isnan(row[:4].view(np.float16)).all()
     assert np.array_equal(row[BY_NAME[target].type_size:], want[0, BY_NAME[target].type_size:])
-    assert (_hqq.SCALE_SEARCH_MAX, _hqq.REFIT_MAX) == (H.SCALE_SEARCH_MAX, H.REFIT_MAX)   # C limits == Python's
     c_defaults = _hqq.default_params()   # gqt_hqq_default_params == HQQParams() (floats as float32)
     assert c_defaults == {k: (float(F32(v)) if isinstance(v, float) else v) for k, v in vars(H.DEFAULTS).items()}
 
@@ -317,10 +316,6 @@ def test_threads_and_codec():
     assert np.array_equal(H.quantize_hqq(x, "Q4_HQQ", threads=1), H.quantize_hqq(x, "Q4_HQQ", threads=3))
     for name in ("Q4_HQQ", "Q4_HQQ_128"):
         c = codec(name)
-        t = BY_NAME[name]
-        assert (c.id, c.block_size, c.type_size, c.custom) == (t.id, t.block_size, t.type_size, True)
-        assert c.params == {"lp_norm": 0.7, "beta": 10.0, "kappa": 1.01, "iters": 20, "early_stop": 1,
-                            "scale_search": 0, "refit": 2}
         data = c.quantize(x, threads=2, refit=0)
         assert data.shape == (x.shape[0], c.row_bytes(x.shape[1]))
         assert np.array_equal(data, H.quantize_hqq_ref(x, name, refit=0))

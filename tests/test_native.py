@@ -74,7 +74,7 @@ def test_types_registered_with_our_ids(native):
     for t in gtypes.CUSTOM_TYPES:
         name, tid, blck, size, quantized, vdt = got[t.ggml_name]
         assert (int(tid), int(blck), int(size), quantized) == (t.id, t.block_size, t.type_size, "1")
-        assert vdt == ("q8_0" if t.name == "TQ3_0" else "q8_1")   # Q4_HQQ pairs like Q4_1
+        assert vdt == t.vec_dot_type.lower()   # the runtime pairs each type as the table says
     count = int(next(l for l in lines if l.startswith("COUNT")).split()[1])
     assert count == max(t.id for t in gtypes.CUSTOM_TYPES) + 1
 

@@ -110,3 +110,19 @@ def test_our_ids_do_not_collide_with_pinned_ggml(pinned_sdist):
     assert upstream["COUNT"] == source.PINNED.ggml_type_count
     assert integrate.check_enum_collisions() == []
     assert not {t.id for t in gtypes.CUSTOM_TYPES} & set(upstream.values())
+
+
+@pytest.mark.native
+def test_cache_type_list_keeps_upstreams_and_adds_ours(pinned_sdist):
+    """--cache-type-k/-v accept upstream's list and then ours (an earlier edit dropped q5_1)."""
+    rel = "common/arg.cpp"
+    text = source.read_pristine([rel])[rel]
+    edited = next(e for e in integrate.edits() if e.path == rel).apply(text)
+
+    def listed(t: str) -> list[str]:
+        body = t[t.index("const std::vector<ggml_type> kv_cache_types = {"):]
+        return re.findall(r"GGML_TYPE_(\w+),", body[:body.index("};")])
+
+    ours = [t.name for t in gtypes.CUSTOM_TYPES if t.kv_cache]
+    assert listed(edited) == listed(text) + ours
+    assert {n.upper() for n in gtypes.CACHE_TYPES} <= set(listed(edited))   # what gguftool sizes, llama.cpp takes

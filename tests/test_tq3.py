@@ -333,10 +333,7 @@ def test_threads_and_ggml_entry_point_agree():
 
 def test_codec_registered():
     from gguftool.quant import codec
-    from gguftool.types import BY_NAME
     c = codec("TQ3_0")
-    t = BY_NAME["TQ3_0"]
-    assert (c.id, c.block_size, c.type_size, c.custom) == (t.id, 32, 14, True)
     x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
     assert np.array_equal(c.quantize(x, threads=1), tq3.quantize_tq3_ref(x))
     assert np.array_equal(c.dequantize(c.quantize(x)), tq3.dequantize_tq3_ref(c.quantize(x)))

@@ -3,6 +3,7 @@ import gguf
 import pytest
 
 from gguftool import types
+from gguftool.errors import GgufToolError
 
 
 def test_ids_collide_with_nothing_known():
@@ -23,19 +24,23 @@ def test_ids_far_from_upstream_growth():
         assert t.id - newest >= 400  # over a century of upstream growth at ~3 new types a year
 
 
-def test_table_matches_design_layouts():
-    table = {t.name: (t.block_size, t.type_size, t.bpw) for t in types.CUSTOM_TYPES}
-    assert table == {"Q4_HQQ": (32, 20, 5.0), "Q4_HQQ_128": (128, 68, 4.25), "TQ3_0": (32, 14, 3.5)}
-
-
 def test_generated_header_is_current():
     assert types.HEADER_PATH.read_text() == types.render_c_header(), \
         "gguftool/_fast/gqt_types.h is stale: run `python -m gguftool.types --write-header`"
 
 
-@pytest.mark.parametrize("t", types.CUSTOM_TYPES, ids=lambda t: t.name)
-def test_header_and_enum_lines_carry_every_type(t):
-    h = types.render_c_header()
-    assert f"#define GQT_TYPE_{t.name} {t.id}\n" in h
-    assert f"#define GQT_{t.name}_BYTES {t.type_size}\n" in h
-    assert f"GGML_TYPE_{t.name} = {t.id}," in types.render_ggml_enum_lines()
+def test_every_table_type_has_its_codec_and_one_only():
+    from gguftool.quant import codec, register
+    for t in types.CUSTOM_TYPES:
+        assert codec(t.name).type is t, t.name   # its family module registered the table's record
+    with pytest.raises(ValueError, match="already registered"):
+        register(types.CUSTOM_TYPES[0], None, None)
+
+
+def test_ids_the_reader_cannot_read_are_named():
+    assert types.tensor_type(types.CUSTOM_TYPES[0].id) is types.CUSTOM_TYPES[0]
+    assert types.tensor_type(int(gguf.GGMLQuantizationType.Q4_1)) == types.stock("Q4_1")
+    free = next(i for i in types.GGUFTOOL_ID_RANGE if i not in types.BY_ID)
+    for type_id, words in ((free, "newer gguftool"), (999, "fork's private type")):
+        with pytest.raises(GgufToolError, match=words):
+            types.tensor_type(type_id)
