@@ -11,7 +11,7 @@ cdef extern from "gqt_hqq.h" nogil:
         int early_stop
         int scale_search
         int refit
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM
     int GQT_TYPE_Q4_HQQ, GQT_TYPE_Q4_HQQ_128, GQT_Q4_HQQ_BLOCK, GQT_Q4_HQQ_128_BLOCK
     int GQT_HQQ_SCALE_SEARCH_MAX, GQT_HQQ_REFIT_MAX, GQT_HQQ_ITERS_MAX
     float GQT_HQQ_S_INV_CAP, GQT_HQQ_ZERO_CAP
@@ -33,8 +33,7 @@ cdef extern from "gqt_hqq.h" nogil:
     void gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k)
 
 # What gqt_hqq.h owns, for the numpy reference and the checks in quant/hqq.py.
-OK, ERR_NONFINITE, ERR_SHAPE, ERR_RANGE, ERR_PARAM, ERR_NOMEM = (
-    GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM, GQT_ERR_NOMEM)
+OK, ERR_NONFINITE, ERR_SHAPE, ERR_RANGE, ERR_PARAM = GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE, GQT_ERR_PARAM
 SCALE_SEARCH_MAX = GQT_HQQ_SCALE_SEARCH_MAX
 REFIT_MAX = GQT_HQQ_REFIT_MAX
 ITERS_MAX = GQT_HQQ_ITERS_MAX

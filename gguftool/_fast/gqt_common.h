@@ -14,9 +14,17 @@ extern "C" {
 
 typedef uint16_t gqt_fp16;
 
+/* C99 static assertion (a negative array size does not compile). */
+#define GQT_STATIC_ASSERT(name, cond) typedef char gqt_static_assert_##name[(cond) ? 1 : -1]
+
 /* ggml's block_q8_0 and block_q8_1 (ggml-common.h), byte for byte. */
 typedef struct { gqt_fp16 d; int8_t qs[32]; } gqt_block_q8_0;
 typedef struct { gqt_fp16 d; gqt_fp16 s; int8_t qs[32]; } gqt_block_q8_1;
+GQT_STATIC_ASSERT(q8_0_block, sizeof(gqt_block_q8_0) == 34);
+GQT_STATIC_ASSERT(q8_1_block, sizeof(gqt_block_q8_1) == 36);
+
+/* Per-thread storage: the kernels' reusable scratch (never an allocation on ggml's per-row paths). */
+#define GQT_THREAD_LOCAL __thread
 
 static inline float gqt_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
 static inline uint32_t gqt_f32_to_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
@@ -54,6 +62,34 @@ static inline gqt_fp16 gqt_fp32_to_fp16(float f) {
     return (gqt_fp16) ((sign >> 16) | (shl1_w > UINT32_C(0xFF000000) ? UINT16_C(0x7E00) : nonsign));
 }
 
+/* The same two conversions on 8 lanes at once, operation for operation (GCC/clang vector extensions):
+ * the HQQ solver rounds its scale/zero pairs lane-wise, the bulk fp16 reader converts 8 values a step.
+ * fp16 values travel in the low half of 32-bit lanes. */
+typedef uint32_t gqt_v8u __attribute__((vector_size(32)));
+typedef float    gqt_v8f __attribute__((vector_size(32)));
+#define GQT_V8(T, v) ((T) {(v), (v), (v), (v), (v), (v), (v), (v)})
+#define GQT_V8_SEL(m, a, b) (((gqt_v8u) (m) & (gqt_v8u) (a)) | (~(gqt_v8u) (m) & (gqt_v8u) (b)))
+/* out (gqt_v8f) = gqt_fp16_to_fp32 of each lane of h (gqt_v8u) */
+#define GQT_V8_FP16_TO_FP32(out, h) do { \
+        const gqt_v8u w_ = (h) << 16, two_w_ = w_ + w_; \
+        const gqt_v8f norm_ = (gqt_v8f) ((two_w_ >> 4) + GQT_V8(gqt_v8u, 0xE0u << 23)) * GQT_V8(gqt_v8f, 0x1.0p-112f); \
+        const gqt_v8f denorm_ = (gqt_v8f) ((two_w_ >> 17) | GQT_V8(gqt_v8u, 126u << 23)) - GQT_V8(gqt_v8f, 0.5f); \
+        (out) = (gqt_v8f) ((w_ & GQT_V8(gqt_v8u, 0x80000000u)) | \
+                           GQT_V8_SEL(two_w_ < GQT_V8(gqt_v8u, 1u << 27), denorm_, norm_)); \
+    } while (0)
+/* out (gqt_v8u) = gqt_fp32_to_fp16 of each lane of f (gqt_v8f) */
+#define GQT_V8_FP32_TO_FP16(out, f) do { \
+        const gqt_v8u w_ = (gqt_v8u) (f), shl1_w_ = w_ + w_; \
+        gqt_v8u bias_ = shl1_w_ & GQT_V8(gqt_v8u, 0xFF000000u); \
+        bias_ = GQT_V8_SEL(bias_ < GQT_V8(gqt_v8u, 0x71000000u), GQT_V8(gqt_v8u, 0x71000000u), bias_); \
+        const gqt_v8f base_ = (gqt_v8f) ((bias_ >> 1) + GQT_V8(gqt_v8u, 0x07800000u)) + \
+            ((gqt_v8f) (w_ & GQT_V8(gqt_v8u, 0x7FFFFFFFu)) * GQT_V8(gqt_v8f, 0x1.0p+112f)) * GQT_V8(gqt_v8f, 0x1.0p-110f); \
+        const gqt_v8u bits_ = (gqt_v8u) base_; \
+        const gqt_v8u nonsign_ = ((bits_ >> 13) & GQT_V8(gqt_v8u, 0x7C00u)) + (bits_ & GQT_V8(gqt_v8u, 0xFFFu)); \
+        (out) = ((w_ & GQT_V8(gqt_v8u, 0x80000000u)) >> 16) | \
+                GQT_V8_SEL(shl1_w_ > GQT_V8(gqt_v8u, 0xFF000000u), GQT_V8(gqt_v8u, 0x7E00u), nonsign_); \
+    } while (0)
+
 /* Functions written with GCC/clang vector extensions get an AVX2 clone on x86-64 Linux (picked at
  * load time; the default clone uses SSE2), since neither the wheel nor ggml-base is built with
  * -march. Elsewhere (arm64: NEON is the baseline) they compile once. */
@@ -70,7 +106,6 @@ static inline gqt_fp16 gqt_fp32_to_fp16(float f) {
 #define GQT_ERR_SHAPE (-2)       /* n_per_row does not divide the block size */
 #define GQT_ERR_RANGE (-3)       /* a block's values are too far apart (or too large) for fp16 scale/zero */
 #define GQT_ERR_PARAM (-4)       /* unknown target type or solver parameter out of range */
-#define GQT_ERR_NOMEM (-5)       /* a workspace could not be allocated */
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,6 @@
 #include "gqt_hqq.h"
 
 #include <math.h>
-#include <stdlib.h>
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -387,29 +386,15 @@ typedef struct {
 enum { B_SOLVE = 1, B_CONST = 2 };   /* status: GQT_ERR_* (< 0), or what the block needs */
 static const uint8_t ZERO_CODES[GMAX];
 
-/* gqt_fp32_to_fp16 and gqt_fp16_to_fp32 (gqt_common.h), lane by lane, the same bits; fp16 values
- * travel as int32 lanes. */
+/* gqt_fp32_to_fp16 and gqt_fp16_to_fp32 lane by lane (gqt_common.h's GQT_V8_*), fp16 values in
+ * int32 lanes. */
 typedef uint32_t vu __attribute__((vector_size(4 * LANES)));
 #define VUSPLAT(v) ((vu) {(v), (v), (v), (v), (v), (v), (v), (v)})
 #define VUSEL(m, a, b) ((vu) (((m) & (vi) (a)) | (~(m) & (vi) (b))))
 #define VFINITE(v) ((v) - (v) == VSPLAT(0.0f))   /* false for NaN and +-Inf */
-#define VTO_FP16(out, f) do { \
-        const vu w_ = (vu) (f), shl1_ = w_ + w_; \
-        vu bias_ = shl1_ & VUSPLAT(0xFF000000u); \
-        bias_ = VUSEL(bias_ < VUSPLAT(0x71000000u), VUSPLAT(0x71000000u), bias_); \
-        const vf base_ = (vf) ((bias_ >> 1) + VUSPLAT(0x07800000u)) + \
-                         (VABS(f) * VSPLAT(0x1.0p+112f)) * VSPLAT(0x1.0p-110f); \
-        const vu bits_ = (vu) base_; \
-        const vu nonsign_ = ((bits_ >> 13) & VUSPLAT(0x7C00u)) + (bits_ & VUSPLAT(0xFFFu)); \
-        (out) = (vi) (((w_ & VUSPLAT(0x80000000u)) >> 16) | \
-                      VUSEL(shl1_ > VUSPLAT(0xFF000000u), VUSPLAT(0x7E00u), nonsign_)); \
-    } while (0)
-#define VFROM_FP16(out, h) do { \
-        const vu w_ = (vu) (h) << 16, two_ = w_ + w_; \
-        const vf norm_ = (vf) ((two_ >> 4) + VUSPLAT(0xE0u << 23)) * VSPLAT(0x1.0p-112f); \
-        const vf denorm_ = (vf) ((two_ >> 17) | VUSPLAT(126u << 23)) - VSPLAT(0.5f); \
-        (out) = (vf) ((w_ & VUSPLAT(0x80000000u)) | VUSEL(two_ < VUSPLAT(1u << 27), (vu) denorm_, (vu) norm_)); \
-    } while (0)
+#define VTO_FP16(out, f) do { gqt_v8u h_; GQT_V8_FP32_TO_FP16(h_, (f)); (out) = (vi) h_; } while (0)
+#define VFROM_FP16(out, h) GQT_V8_FP16_TO_FP32(out, (gqt_v8u) (h))
+GQT_STATIC_ASSERT(lanes, LANES == 8);   /* gqt_common.h's lane-wise fp16 conversions are 8 wide */
 #define VSTORE_IF(p, m, v) do { vf old_; VLOAD(old_, (p)); old_ = VSEL((m), (v), old_); VSTORE((p), old_); } while (0)
 
 /* Candidate k of the 8 blocks of group g (inverse scale (qmax + r)/(max - min), capped): its fp16
@@ -605,15 +590,18 @@ static void unpack_block(const hqq_target * t, const uint8_t * in, uint8_t * q) 
     }
 }
 
+/* One workspace per thread (~95 KiB), reused by every call: llama.cpp quantizes each new KV-cache
+ * row through from_float, where an allocation per row would cost time and could fail with no way
+ * to say so. */
+static GQT_THREAD_LOCAL workspace thread_workspace;
+
 /* Quantize nblocks consecutive blocks. A failing block is written with NaN scale and zero and
- * codes 0; returns GQT_ERR_NONFINITE if any block held NaN/Inf, else the first error code. */
+ * codes 0 - the error travels in the data, where ggml_validate_row_data finds it; the return
+ * value repeats it for callers that can return one: GQT_ERR_NONFINITE if any block held NaN/Inf,
+ * else the first error code. */
 static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, int64_t nblocks,
                            const gqt_hqq_params * p) {
-    workspace * w = (workspace *) malloc(sizeof(workspace));
-    if (w == NULL) {
-        for (int64_t i = 0; i < nblocks; i++) pack_block(t, FP16_NAN, FP16_NAN, ZERO_CODES, y + i * (int64_t) t->bytes);
-        return GQT_ERR_NOMEM;
-    }
+    workspace * w = &thread_workspace;
     step_table_init(&w->steps, p);
     const int per_batch = BATCH_VALUES / t->group;
     uint8_t q[GMAX];
@@ -639,7 +627,6 @@ static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, i
             }
         }
     }
-    free(w);
     return rc;
 }
 
@@ -660,34 +647,43 @@ int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nro
     return quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), p);
 }
 
+/* nb blocks -> floats; nothing can fail once the target and the shape are known. */
+static void dequantize_blocks(const hqq_target * t, const uint8_t * in, float * y, int64_t nb) {
+    uint8_t q[GMAX];
+    for (int64_t i = 0; i < nb; i++, in += t->bytes, y += t->group) {
+        const float a = gqt_fp16_to_fp32(get16(in)), b = gqt_fp16_to_fp32(get16(in + 2));
+        unpack_block(t, in, q);
+        for (int j = 0; j < t->group; j++)
+            y[j] = t->stock ? a * (float) q[j] + b : ((float) q[j] - b) * a;
+    }
+}
+
 int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row) {
     hqq_target t;
     if (!target_info(target, &t)) return GQT_ERR_PARAM;
     if (n_per_row <= 0 || n_per_row % t.group || nrows < 0) return GQT_ERR_SHAPE;
-    const int64_t nb = nrows * (n_per_row / t.group);
-    const uint8_t * in = (const uint8_t *) src;
-    uint8_t q[128];
-    for (int64_t i = 0; i < nb; i++, in += t.bytes) {
-        const float a = gqt_fp16_to_fp32(get16(in)), b = gqt_fp16_to_fp32(get16(in + 2));
-        float * y = dst + i * t.group;
-        unpack_block(&t, in, q);
-        for (int j = 0; j < t.group; j++)
-            y[j] = t.stock ? a * (float) q[j] + b : ((float) q[j] - b) * a;
-    }
+    dequantize_blocks(&t, (const uint8_t *) src, dst, nrows * (n_per_row / t.group));
     return GQT_OK;
 }
 
 /* ------------------------------------------------------------------ ggml type-trait entry points
  * Default parameters everywhere: weights (quantize_*, from_float_ref) and, through from_float, every
  * new KV-cache row (the refit costs ~1.25x plain HQQ's time there, and took SmolLM2's q4_hqq/q4_hqq
- * cache from 23.65 to 23.36 perplexity, docs/native.md). */
+ * cache from 23.65 to 23.36 perplexity, docs/native.md). ggml passes whole blocks (k a multiple of
+ * the block) and has no error channel: a block that cannot be quantized is marked NaN in the data. */
 
 static void quantize_row_default(int target, const float * x, void * y, int64_t k) {
     hqq_target t;
     gqt_hqq_params p;
     target_info(target, &t);
     gqt_hqq_default_params(&p);
-    quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);
+    (void) quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);   /* errors are in the blocks (NaN) */
+}
+
+static void dequantize_row(int target, const void * x, float * y, int64_t k) {
+    hqq_target t;
+    target_info(target, &t);
+    dequantize_blocks(&t, (const uint8_t *) x, y, k / t.group);
 }
 
 void gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k) {
@@ -711,43 +707,47 @@ size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int
 }
 
 void gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k) {
-    gqt_hqq_dequantize_rows(GQT_TYPE_Q4_HQQ, x, y, 1, k);
+    dequantize_row(GQT_TYPE_Q4_HQQ, x, y, k);
 }
 
 void gqt_dequantize_row_q4_hqq_128(const void * x, float * y, int64_t k) {
-    gqt_hqq_dequantize_rows(GQT_TYPE_Q4_HQQ_128, x, y, 1, k);
+    dequantize_row(GQT_TYPE_Q4_HQQ_128, x, y, k);
 }
 
-/* dot(x, y) over n values, x in blocks of `sub` 32-value sub-blocks sharing one scale/zero, y in
- * ggml block_q8_1. Per 32 values: (q - zero)*scale . d8*q8 = (scale*d8)*sum(q*q8) + (-(scale*zero))*s8,
- * with s8 = d8*sum(q8) as ggml stores it; accumulated in block order (ggml's q4_1 generic form). */
-static float vec_dot_q8_1(int n, const uint8_t * x, size_t block_bytes, int sub, const gqt_block_q8_1 * y) {
-    float sumf = 0.0f;
-    const int nb = n / (32 * sub);
-    for (int ib = 0; ib < nb; ib++, x += block_bytes) {
-        const float scale = gqt_fp16_to_fp32(get16(x));
-        const float zero = gqt_fp16_to_fp32(get16(x + 2));
-        const float m = -(scale * zero);
-        for (int b = 0; b < sub; b++, y++) {
-            const uint8_t * qs = x + 4 + 16 * b;
-            int sumi = 0;
-            for (int j = 0; j < 16; j++)
-                sumi += (qs[j] & 0x0F) * y->qs[j] + (qs[j] >> 4) * y->qs[j + 16];
-            const float d8 = gqt_fp16_to_fp32(y->d), s8 = gqt_fp16_to_fp32(y->s);
-            sumf += (scale * d8) * (float) sumi + m * s8;
-        }
-    }
-    return sumf;
+/* One 32-value sub-block (codes qs, under scale and m = -(scale*zero)) against one ggml block_q8_1:
+ * (q - zero)*scale . d8*q8 = (scale*d8)*sum(q*q8) + m*s8, with s8 = d8*sum(q8) as ggml stores it.
+ * Callers accumulate in block order (ggml's q4_1 generic form). */
+static inline float sub_dot_q8_1(float sumf, float scale, float m, const uint8_t * qs, const gqt_block_q8_1 * y) {
+    int sumi = 0;
+    for (int j = 0; j < 16; j++)
+        sumi += (qs[j] & 0x0F) * y->qs[j] + (qs[j] >> 4) * y->qs[j + 16];
+    const float d8 = gqt_fp16_to_fp32(y->d), s8 = gqt_fp16_to_fp32(y->s);
+    return sumf + ((scale * d8) * (float) sumi + m * s8);
 }
 
 void gqt_vec_dot_q4_hqq_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
                                  const void * vy, size_t by, int nrc) {
     (void) bs; (void) bx; (void) by; (void) nrc;   /* nrc == 1: one row pair, as ggml calls it */
-    *s = vec_dot_q8_1(n, (const uint8_t *) vx, GQT_Q4_HQQ_BYTES, 1, (const gqt_block_q8_1 *) vy);
+    const gqt_block_q4_hqq * x = (const gqt_block_q4_hqq *) vx;
+    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
+    float sumf = 0.0f;
+    for (int ib = 0; ib < n / GQT_Q4_HQQ_BLOCK; ib++) {
+        const float scale = gqt_fp16_to_fp32(x[ib].scale), zero = gqt_fp16_to_fp32(x[ib].zero);
+        sumf = sub_dot_q8_1(sumf, scale, -(scale * zero), x[ib].qs, y + ib);
+    }
+    *s = sumf;
 }
 
 void gqt_vec_dot_q4_hqq_128_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
                                      const void * vy, size_t by, int nrc) {
     (void) bs; (void) bx; (void) by; (void) nrc;
-    *s = vec_dot_q8_1(n, (const uint8_t *) vx, GQT_Q4_HQQ_128_BYTES, 4, (const gqt_block_q8_1 *) vy);
+    const gqt_block_q4_hqq_128 * x = (const gqt_block_q4_hqq_128 *) vx;
+    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
+    float sumf = 0.0f;
+    for (int ib = 0; ib < n / GQT_Q4_HQQ_128_BLOCK; ib++) {
+        const float scale = gqt_fp16_to_fp32(x[ib].scale), zero = gqt_fp16_to_fp32(x[ib].zero);
+        for (int b = 0; b < GQT_Q4_HQQ_128_BLOCK / 32; b++)
+            sumf = sub_dot_q8_1(sumf, scale, -(scale * zero), x[ib].qs + 16 * b, y + 4 * ib + b);
+    }
+    *s = sumf;
 }

@@ -19,6 +19,20 @@
 extern "C" {
 #endif
 
+/* The blocks (gqt_types.h has their sizes): Q4_1's layout, x = (q - zero) * scale. */
+typedef struct {
+    gqt_fp16 scale;
+    gqt_fp16 zero;                       /* in code units, a real fp16 (not an integer) */
+    uint8_t  qs[GQT_Q4_HQQ_BLOCK / 2];   /* byte j = code j | code j+16 << 4 */
+} gqt_block_q4_hqq;
+typedef struct {
+    gqt_fp16 scale;
+    gqt_fp16 zero;
+    uint8_t  qs[GQT_Q4_HQQ_128_BLOCK / 2];   /* four 32-value sub-blocks packed like Q4_HQQ */
+} gqt_block_q4_hqq_128;
+GQT_STATIC_ASSERT(q4_hqq_block, sizeof(gqt_block_q4_hqq) == GQT_Q4_HQQ_BYTES);
+GQT_STATIC_ASSERT(q4_hqq_128_block, sizeof(gqt_block_q4_hqq_128) == GQT_Q4_HQQ_128_BYTES);
+
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
 #define GQT_HQQ_REFIT_MAX 8
 #define GQT_HQQ_ITERS_MAX 1000

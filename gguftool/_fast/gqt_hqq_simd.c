@@ -25,13 +25,6 @@
 #include <arm_neon.h>
 #endif
 
-/* Raw block views; sizes pinned by gqt_types.h. */
-typedef struct { gqt_fp16 scale; gqt_fp16 zero; uint8_t qs[GQT_Q4_HQQ_BLOCK / 2]; } gqt_simd_q4_hqq;
-typedef struct { gqt_fp16 scale; gqt_fp16 zero; uint8_t qs[GQT_Q4_HQQ_128_BLOCK / 2]; } gqt_simd_q4_hqq_128;
-typedef char gqt_simd_assert_q4_hqq[sizeof(gqt_simd_q4_hqq) == GQT_Q4_HQQ_BYTES ? 1 : -1];
-typedef char gqt_simd_assert_q4_hqq_128[sizeof(gqt_simd_q4_hqq_128) == GQT_Q4_HQQ_128_BYTES ? 1 : -1];
-typedef char gqt_simd_assert_q8_1[sizeof(gqt_block_q8_1) == 36 ? 1 : -1];
-
 #if defined(GQT_SIMD_AVX2) && defined(GQT_GGML_FP16_TABLE)
 /* Inside ggml-cpu (the native build defines GQT_GGML_FP16_TABLE): ggml's exact fp16 -> fp32
  * table, filled by ggml_cpu_init() before any vec_dot runs. A load instead of vcvtph2ps, which
@@ -126,7 +119,7 @@ void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_
     assert(nrc == 1);
 #if defined(GQT_SIMD_AVX2)
     (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_simd_q4_hqq * x = (const gqt_simd_q4_hqq *) vx;
+    const gqt_block_q4_hqq * x = (const gqt_block_q4_hqq *) vx;
     const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
     const int nb = n / GQT_Q4_HQQ_BLOCK;
     /* two independent accumulator pairs: the loop-carried adds, not the arithmetic, bound this loop */
@@ -151,7 +144,7 @@ void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_
     *s = gqt_hsum_8(_mm256_add_ps(acc0, acc1)) - (summs0 + summs1);
 #elif defined(GQT_SIMD_NEON)
     (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_simd_q4_hqq * x = (const gqt_simd_q4_hqq *) vx;
+    const gqt_block_q4_hqq * x = (const gqt_block_q4_hqq *) vx;
     const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
     const int nb = n / GQT_Q4_HQQ_BLOCK;
     float32x4_t sumv0 = vdupq_n_f32(0.0f);
@@ -182,7 +175,7 @@ void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, s
     assert(nrc == 1);
 #if defined(GQT_SIMD_AVX2)
     (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_simd_q4_hqq_128 * x = (const gqt_simd_q4_hqq_128 *) vx;
+    const gqt_block_q4_hqq_128 * x = (const gqt_block_q4_hqq_128 *) vx;
     const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
     const int nb = n / GQT_Q4_HQQ_128_BLOCK;
     __m256 acc = _mm256_setzero_ps();
@@ -202,7 +195,7 @@ void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, s
     *s = gqt_hsum_8(acc) - summs;
 #elif defined(GQT_SIMD_NEON)
     (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_simd_q4_hqq_128 * x = (const gqt_simd_q4_hqq_128 *) vx;
+    const gqt_block_q4_hqq_128 * x = (const gqt_block_q4_hqq_128 *) vx;
     const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
     const int nb = n / GQT_Q4_HQQ_128_BLOCK;
     float32x4_t sumv0 = vdupq_n_f32(0.0f);

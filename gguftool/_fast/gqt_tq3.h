@@ -29,8 +29,7 @@ typedef struct {
 
 #define GQT_TQ3_REFINE_PASSES 2  /* Lloyd passes after the first pick: -5% then -2.4% MSE (docs/tq3.md) */
 
-/* C99 static assert: the struct is the documented 14 bytes. */
-typedef char gqt_tq3_0_size_check[(sizeof(gqt_block_tq3_0) == GQT_TQ3_0_BYTES && GQT_TQ3_0_BLOCK == 32) ? 1 : -1];
+GQT_STATIC_ASSERT(tq3_0_block, sizeof(gqt_block_tq3_0) == GQT_TQ3_0_BYTES && GQT_TQ3_0_BLOCK == 32);
 
 /* ggml type-trait signatures (the native build registers these). k, n_per_row, n: multiples of 32. */
 void   gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k);   /* non-finite block -> NaN scale */

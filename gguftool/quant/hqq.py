@@ -371,7 +371,6 @@ _C_ERRORS = {
     _hqq.ERR_SHAPE: "the row length does not fit the block size",
     _hqq.ERR_RANGE: "a block's values are too large or too far apart for an fp16 scale/zero",
     _hqq.ERR_PARAM: "an HQQ parameter is out of range",
-    _hqq.ERR_NOMEM: "out of memory for the solver's workspace",
 }
 
 
