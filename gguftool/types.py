@@ -19,6 +19,12 @@ custom type, and a reader that finds a disagreement refuses the file.
 The C header `gguftool/_fast/gqt_types.h` and the ggml enum lines for the native build are
 rendered from this table (`python -m gguftool.types --write-header`); a test fails when the
 committed header is stale.
+
+Adding a type: one CustomType entry below, then its kernels under the names the integration
+expects - in gqt_<family>.h/.c: gqt_quantize_row_<name>_ref, gqt_dequantize_row_<name>,
+gqt_quantize_<name> and gqt_vec_dot_<name>_<vec_dot type> with its portable _ref twin - and a
+codec that gguftool.quant.<family> registers for it. Everything else (ggml traits, vec_dot pairing,
+row validation, file types, cache-type lists, fallbacks, CLI help) is derived from the entry.
 """
 from __future__ import annotations
 
@@ -197,6 +203,11 @@ def render_c_header() -> str:
             "",
         ]
     lines.append(f"#define GQT_TYPE_MAX {max(t.id for t in CUSTOM_TYPES)}")
+    lines += ["", "/* Every type, for code that treats each the same way: X(NAME, name, vec_dot type name). Each has",
+              " * gqt_vec_dot_<name>_<vec_dot type> (the build's best path) and a portable _ref twin. */",
+              "#define GQT_FOR_EACH_TYPE(X) \\"]
+    lines += [f"    X({t.name}, {t.ggml_name}, {t.vec_dot_type.lower()})" + (" \\" if i + 1 < len(CUSTOM_TYPES) else "")
+              for i, t in enumerate(CUSTOM_TYPES)]
     lines.append("")
     lines.append("/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */")
     for n in HQQ_STOCK_TARGETS:

@@ -15,6 +15,15 @@
 #define QK 32
 #define FP16_MAX 65504.0f
 
+/* sum over the row's blocks of s_x * d8 * BLOCK_DOT(x, y), zero blocks skipped (keeps 0 * inf out) */
+#define VEC_DOT_BLOCKS(sumf, x, y, nb, BLOCK_DOT) do { \
+        for (int b_ = 0; b_ < (nb); ++b_) { \
+            const float sx_ = gqt_fp16_to_fp32((x)[b_].d); \
+            if (sx_ == 0.0f) continue; \
+            (sumf) += (sx_ * gqt_fp16_to_fp32((y)[b_].d)) * BLOCK_DOT(&(x)[b_], &(y)[b_]); \
+        } \
+    } while (0)
+
 static inline int is_nonfinite(float v) {
     return (gqt_f32_to_bits(v) & UINT32_C(0x7F800000)) == UINT32_C(0x7F800000);
 }
@@ -251,11 +260,7 @@ static GQT_AVX2_FN void dequantize_row_avx2(const gqt_block_tq3_0 * in, float * 
 
 static GQT_AVX2_FN float vec_dot_avx2(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y, int nb) {
     float sumf = 0.0f;
-    for (int b = 0; b < nb; ++b) {
-        const float sx = gqt_fp16_to_fp32(x[b].d);
-        if (sx == 0.0f) continue;
-        sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * block_dot_avx2(&x[b], &y[b]);
-    }
+    VEC_DOT_BLOCKS(sumf, x, y, nb, block_dot_avx2);
     return sumf;
 }
 #endif
@@ -390,10 +395,7 @@ int gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
 /* <c[idx], H32 D q> with the int8 block rotated exactly in integers; the 32 products are summed
  * in the canonical 8-lane order: lane l = ((p[l] + p[l+8]) + p[l+16]) + p[l+24], then
  * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) -- what an 8-wide SIMD unit does naturally. */
-static inline float block_dot(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
-#if defined(__ARM_NEON) && defined(__aarch64__)
-    return block_dot_neon(x, y);
-#else
+static inline float block_dot_scalar(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * y) {
     float c[QK], a[8];
     int32_t w[QK];
     unpack_centroids(x, c);
@@ -402,8 +404,14 @@ static inline float block_dot(const gqt_block_tq3_0 * x, const gqt_block_q8_0 * 
     for (int l = 0; l < 8; ++l)
         a[l] = ((c[l] * (float) w[l] + c[l + 8] * (float) w[l + 8]) + c[l + 16] * (float) w[l + 16]) + c[l + 24] * (float) w[l + 24];
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-#endif
 }
+
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#define block_dot block_dot_neon
+#else
+#define block_dot block_dot_scalar
+#endif
+
 
 /* <x_hat, y> = <D H (s c[idx]), d8 q> = s d8 <c[idx], H D q> = s d8 <c[idx], H32 D q> / sqrt(32):
  * rotate the int8 block instead of decoding x. */
@@ -415,10 +423,15 @@ void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     if (have_avx2()) { *s = vec_dot_avx2(x, y, n / QK) * GQT_TQ3_INV_SQRT32F; return; }
 #endif
     float sumf = 0.0f;
-    for (int b = 0; b < n / QK; ++b) {
-        const float sx = gqt_fp16_to_fp32(x[b].d);
-        if (sx == 0.0f) continue;  /* zero block; also keeps 0 * inf out */
-        sumf += (sx * gqt_fp16_to_fp32(y[b].d)) * block_dot(&x[b], &y[b]);
-    }
+    VEC_DOT_BLOCKS(sumf, x, y, n / QK, block_dot);
+    *s = sumf * GQT_TQ3_INV_SQRT32F;
+}
+
+void gqt_vec_dot_tq3_0_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
+    (void) bs; (void) bx; (void) by; (void) nrc;
+    const gqt_block_tq3_0 * x = (const gqt_block_tq3_0 *) vx;
+    const gqt_block_q8_0 * y = (const gqt_block_q8_0 *) vy;
+    float sumf = 0.0f;
+    VEC_DOT_BLOCKS(sumf, x, y, n / QK, block_dot_scalar);
     *s = sumf * GQT_TQ3_INV_SQRT32F;
 }

@@ -35,8 +35,11 @@ GQT_STATIC_ASSERT(tq3_0_block, sizeof(gqt_block_tq3_0) == GQT_TQ3_0_BYTES && GQT
 void   gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k);   /* non-finite block -> NaN scale */
 void   gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k);
 size_t gqt_quantize_tq3_0(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix); /* bytes written; imatrix ignored */
-/* *s = sum of n products of a TQ3_0 row (vx) and a ggml block_q8_0 row (vy); nrc must be 1. */
+/* *s = sum of n products of a TQ3_0 row (vx) and a ggml block_q8_0 row (vy); nrc must be 1. The
+ * registered one takes the AVX2 / NEON path where there is one; _ref is the portable scalar code.
+ * Both give the same bits. */
 void   gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void   gqt_vec_dot_tq3_0_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
 /* Checked entry point for gguftool: GQT_ERR_SHAPE if n_per_row % 32, GQT_ERR_NONFINITE if any
  * input is NaN/Inf (then nothing is written), else GQT_OK. */

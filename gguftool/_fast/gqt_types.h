@@ -21,6 +21,13 @@
 
 #define GQT_TYPE_MAX 514
 
+/* Every type, for code that treats each the same way: X(NAME, name, vec_dot type name). Each has
+ * gqt_vec_dot_<name>_<vec_dot type> (the build's best path) and a portable _ref twin. */
+#define GQT_FOR_EACH_TYPE(X) \
+    X(Q4_HQQ, q4_hqq, q8_1) \
+    X(Q4_HQQ_128, q4_hqq_128, q8_1) \
+    X(TQ3_0, tq3_0, q8_0)
+
 /* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */
 #define GQT_HQQ_TARGET_Q4_1 3
 #define GQT_Q4_1_BLOCK 32

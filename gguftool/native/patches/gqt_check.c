@@ -9,7 +9,7 @@
  *   gguftool-check dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q]
  *       quantizes X to TYPE (ggml_quantize_chunk) and Y to the vec_dot type (ggml-cpu's
  *       from_float), then prints three numbers: the registered (SIMD) vec_dot, the scalar
- *       reference vec_dot (gqt_*_ref; the registered one again for TQ3_0), and the dot of the
+ *       reference vec_dot (gqt_vec_dot_*_ref), and the dot of the
  *       dequantized vectors in double precision; optionally writes both quantized rows
  *   gguftool-check validate TYPE FILE.q
  *       prints ggml_validate_row_data's verdict ("valid"/"invalid"), exit 0/3
@@ -22,6 +22,7 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 #include "gqt_hqq.h"
+#include "gqt_tq3.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,9 @@ static void write_file(const char * path, const void * data, size_t size) {
 }
 
 static int cmd_types(void) {
-    const enum ggml_type ours[] = { GGML_TYPE_Q4_HQQ, GGML_TYPE_Q4_HQQ_128, GGML_TYPE_TQ3_0 };
+#define OUR_TYPE(NAME, name, vdt) GGML_TYPE_##NAME,
+    const enum ggml_type ours[] = { GQT_FOR_EACH_TYPE(OUR_TYPE) };
+#undef OUR_TYPE
     for (size_t i = 0; i < sizeof(ours)/sizeof(ours[0]); ++i) {
         const enum ggml_type t = ours[i];
         printf("%s %d %lld %zu %d %s\n", ggml_type_name(t), (int) t, (long long) ggml_blck_size(t),
@@ -117,13 +120,9 @@ static int cmd_dot(const char * tname, long long n, const char * xs, const char 
 
     float simd = 0.0f, ref = 0.0f;
     cpu->vec_dot((int) n, &simd, 0, qx, 0, qy, 0, 1);
-    if (t == GGML_TYPE_Q4_HQQ) {
-        gqt_vec_dot_q4_hqq_q8_1_ref((int) n, &ref, 0, qx, 0, qy, 0, 1);
-    } else if (t == GGML_TYPE_Q4_HQQ_128) {
-        gqt_vec_dot_q4_hqq_128_q8_1_ref((int) n, &ref, 0, qx, 0, qy, 0, 1);
-    } else {
-        ref = simd;
-    }
+#define REF_DOT(NAME, name, vdt) if (t == GGML_TYPE_##NAME) gqt_vec_dot_##name##_##vdt##_ref((int) n, &ref, 0, qx, 0, qy, 0, 1);
+    GQT_FOR_EACH_TYPE(REF_DOT)
+#undef REF_DOT
     float * dx = malloc((size_t) n * sizeof(float));
     float * dy = malloc((size_t) n * sizeof(float));
     ggml_get_type_traits(t)->to_float(qx, dx, n);
