@@ -286,6 +286,9 @@ def test_vec_dot(target):
         tol = float((sz * np.abs(yb[:, 4:].view(np.int8).sum(1)) * d8).sum()) * 2.0 ** -10 \
             + 1e-5 * float(np.abs(xd * yd).sum()) + 1e-30
         assert abs(c - exact) <= tol, (c, exact, tol)
+        # the registered kernel (AVX2 picked at run time in this baseline build where the CPU has it)
+        simd = _hqq.vec_dot_q8_1(tid, xq, yq, n, simd=True)
+        assert abs(simd - c) <= 1e-5 * float(np.abs(xd * yd).sum()) + 1e-6, (simd, c)
 
 
 @pytest.mark.parametrize("target", ("Q4_HQQ", "Q4_HQQ_128"))

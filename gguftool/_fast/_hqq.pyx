@@ -25,6 +25,10 @@ cdef extern from "gqt_hqq.h" nogil:
                                      const void * vy, size_t by, int nrc)
     void gqt_vec_dot_q4_hqq_128_q8_1_ref(int n, float * s, size_t bs, const void * vx, size_t bx,
                                          const void * vy, size_t by, int nrc)
+    void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx,
+                                 const void * vy, size_t by, int nrc)
+    void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx,
+                                     const void * vy, size_t by, int nrc)
     void gqt_quantize_row_q4_hqq_ref(const float * x, void * y, int64_t k)
     void gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k)
     size_t gqt_quantize_q4_hqq(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix)
@@ -120,8 +124,9 @@ def dequantize_row(int target, const unsigned char[::1] data, float[::1] out):
             gqt_dequantize_row_q4_hqq_128(&data[0], &out[0], out.shape[0])
 
 
-def vec_dot_q8_1(int target, const unsigned char[::1] x, const unsigned char[::1] y, int n):
-    """ggml-style vec_dot of one row of `target` blocks with one row of block_q8_1 (36 B per 32)."""
+def vec_dot_q8_1(int target, const unsigned char[::1] x, const unsigned char[::1] y, int n, bint simd=False):
+    """ggml-style vec_dot of one row of `target` blocks with one row of block_q8_1 (36 B per 32): the
+    scalar reference, or (simd) the kernel ggml-cpu registers, SIMD where this build has it."""
     cdef float s = 0
     if not ours(target) or n % (GQT_Q4_HQQ_BLOCK if target == GQT_TYPE_Q4_HQQ else GQT_Q4_HQQ_128_BLOCK) or <size_t> x.shape[0] != gqt_hqq_row_size(target, n) \
             or y.shape[0] != n // 32 * 36:
@@ -130,7 +135,7 @@ def vec_dot_q8_1(int target, const unsigned char[::1] x, const unsigned char[::1
         return 0.0
     with nogil:
         if target == GQT_TYPE_Q4_HQQ:
-            gqt_vec_dot_q4_hqq_q8_1_ref(n, &s, 0, &x[0], 0, &y[0], 0, 1)
+            (gqt_vec_dot_q4_hqq_q8_1 if simd else gqt_vec_dot_q4_hqq_q8_1_ref)(n, &s, 0, &x[0], 0, &y[0], 0, 1)
         else:
-            gqt_vec_dot_q4_hqq_128_q8_1_ref(n, &s, 0, &x[0], 0, &y[0], 0, 1)
+            (gqt_vec_dot_q4_hqq_128_q8_1 if simd else gqt_vec_dot_q4_hqq_128_q8_1_ref)(n, &s, 0, &x[0], 0, &y[0], 0, 1)
     return s

@@ -90,13 +90,44 @@ typedef float    gqt_v8f __attribute__((vector_size(32)));
                 GQT_V8_SEL(shl1_w_ > GQT_V8(gqt_v8u, 0xFF000000u), GQT_V8(gqt_v8u, 0x7E00u), nonsign_); \
     } while (0)
 
-/* Functions written with GCC/clang vector extensions get an AVX2 clone on x86-64 Linux (picked at
- * load time; the default clone uses SSE2), since neither the wheel nor ggml-base is built with
- * -march. Elsewhere (arm64: NEON is the baseline) they compile once. */
+/* One rule for SIMD in every kernel file: a build that targets an ISA (-mavx2, -march=native, arm64's
+ * NEON baseline) compiles its path in; a baseline x86-64 build (the wheel, llama.cpp's ggml-base)
+ * compiles the AVX2 path too and picks it at run time when the CPU has it. Results never depend on
+ * the choice beyond what each kernel documents. Two spellings of that run-time pick:
+ *  - code written with GCC/clang vector extensions: GQT_MULTIVERSION, an AVX2 clone chosen by the
+ *    loader (the default clone uses SSE2);
+ *  - intrinsics: functions marked GQT_AVX2_FN, called when gqt_have_avx2(). GQT_X86_AVX2 is 1 when
+ *    the build targets AVX2, 2 when it is picked at run time, 0 without an x86 AVX2 path. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 #define GQT_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #else
 #define GQT_MULTIVERSION
+#endif
+
+#if defined(__AVX2__)
+#define GQT_X86_AVX2 1
+#define GQT_AVX2_FN
+#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(GQT_NO_RUNTIME_AVX2)
+#define GQT_X86_AVX2 2
+#define GQT_AVX2_FN __attribute__((target("avx2")))
+#else
+#define GQT_X86_AVX2 0
+#define GQT_AVX2_FN
+#endif
+
+#if GQT_X86_AVX2
+static inline int gqt_have_avx2(void) {
+#if GQT_X86_AVX2 == 1
+    return 1;
+#else
+    static int known = -1;   /* benign race: every thread computes the same value */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return known;
+#endif
+}
 #endif
 
 /* Error codes returned by the row quantizers with explicit parameters (the Python package reads

@@ -7,16 +7,16 @@
  * so the kernels below are ggml's ggml_vec_dot_q4_1_q8_1 (AVX2 / NEON) with that sign.
  * Q4_HQQ_128 is four such 32-value sub-blocks under one scale/zero.
  *
- * The Python extension compiles this file with portable flags: no __AVX2__ / __ARM_NEON, so it
- * reduces to the scalar reference in gqt_hqq.c. The native llama.cpp build compiles it into
- * ggml-cpu with the CPU's arch flags. Results agree with the reference up to float summation
- * order, not bit for bit. */
+ * SIMD by gqt_common.h's rule: the native llama.cpp build compiles this file into ggml-cpu with
+ * the CPU's arch flags (AVX2 / NEON compiled in); a baseline x86-64 build (the Python extension, a
+ * portable ggml-cpu) picks the AVX2 path at run time; elsewhere the scalar reference in gqt_hqq.c
+ * runs. Results agree with the reference up to float summation order, not bit for bit. */
 #include "gqt_common.h"
 #include "gqt_hqq.h"
 
 #include <assert.h>
 
-#if defined(__AVX2__)
+#if GQT_X86_AVX2
 #define GQT_SIMD_AVX2 1
 #include <immintrin.h>
 #include <math.h>
@@ -51,14 +51,14 @@ static inline float gqt_h2f(gqt_fp16 h) {
 
 #if defined(GQT_SIMD_AVX2)
 /* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles first (codes 0..15), then high (16..31). */
-static inline __m256i gqt_nibbles_32(const uint8_t * p) {
+static inline GQT_AVX2_FN __m256i gqt_nibbles_32(const uint8_t * p) {
     const __m128i tmp = _mm_loadu_si128((const __m128i *) p);
     const __m256i bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
     return _mm256_and_si256(_mm256_set1_epi8(0x0F), bytes);
 }
 
 /* sum of unsigned(ax) * signed(sy) byte products, 8 int32 lanes as float (ggml's mul_sum_us8_pairs_float). */
-static inline __m256 gqt_mul_sum_us8(const __m256i ax, const __m256i sy) {
+static inline GQT_AVX2_FN __m256 gqt_mul_sum_us8(const __m256i ax, const __m256i sy) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
 #elif defined(__AVXVNNI__)
@@ -69,7 +69,7 @@ static inline __m256 gqt_mul_sum_us8(const __m256i ax, const __m256i sy) {
 #endif
 }
 
-static inline __m256 gqt_fmadd(__m256 a, __m256 b, __m256 c) {
+static inline GQT_AVX2_FN __m256 gqt_fmadd(__m256 a, __m256 b, __m256 c) {
 #if defined(__FMA__)
     return _mm256_fmadd_ps(a, b, c);
 #else
@@ -86,7 +86,7 @@ static inline float gqt_fmaf(float a, float b, float acc) {
 #endif
 }
 
-static inline float gqt_hsum_8(const __m256 x) {
+static inline GQT_AVX2_FN float gqt_hsum_8(const __m256 x) {
     __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -114,13 +114,8 @@ static inline int32x4_t gqt_neon_sub(const uint8_t * qs, const int8_t * q8) {
 }
 #endif
 
-void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
-    assert(n % GQT_Q4_HQQ_BLOCK == 0);
-    assert(nrc == 1);
 #if defined(GQT_SIMD_AVX2)
-    (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_block_q4_hqq * x = (const gqt_block_q4_hqq *) vx;
-    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
+static GQT_AVX2_FN float dot_q4_hqq_avx2(int n, const gqt_block_q4_hqq * x, const gqt_block_q8_1 * y) {
     const int nb = n / GQT_Q4_HQQ_BLOCK;
     /* two independent accumulator pairs: the loop-carried adds, not the arithmetic, bound this loop */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
@@ -141,11 +136,31 @@ void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_
         const __m256 d = _mm256_set1_ps(sc * gqt_h2f(y[ib].d));
         acc0 = gqt_fmadd(d, gqt_mul_sum_us8(gqt_nibbles_32(x[ib].qs), _mm256_loadu_si256((const __m256i *) y[ib].qs)), acc0);
     }
-    *s = gqt_hsum_8(_mm256_add_ps(acc0, acc1)) - (summs0 + summs1);
-#elif defined(GQT_SIMD_NEON)
-    (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_block_q4_hqq * x = (const gqt_block_q4_hqq *) vx;
-    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
+    return gqt_hsum_8(_mm256_add_ps(acc0, acc1)) - (summs0 + summs1);
+}
+
+static GQT_AVX2_FN float dot_q4_hqq_128_avx2(int n, const gqt_block_q4_hqq_128 * x, const gqt_block_q8_1 * y) {
+    const int nb = n / GQT_Q4_HQQ_128_BLOCK;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int ib = 0; ib < nb; ++ib) {
+        const float sc = gqt_h2f(x[ib].scale);
+        const gqt_block_q8_1 * yb = y + 4 * ib;
+        const float s8 = gqt_h2f(yb[0].s) + gqt_h2f(yb[1].s) + gqt_h2f(yb[2].s) + gqt_h2f(yb[3].s);
+        summs = gqt_fmaf(sc * gqt_h2f(x[ib].zero), s8, summs);
+        for (int k = 0; k < 4; ++k) {
+            const __m256 d = _mm256_set1_ps(sc * gqt_h2f(yb[k].d));
+            const __m256i qx = gqt_nibbles_32(x[ib].qs + 16 * k);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[k].qs);
+            acc = gqt_fmadd(d, gqt_mul_sum_us8(qx, qy), acc);
+        }
+    }
+    return gqt_hsum_8(acc) - summs;
+}
+#endif
+
+#if defined(GQT_SIMD_NEON)
+static float dot_q4_hqq_neon(int n, const gqt_block_q4_hqq * x, const gqt_block_q8_1 * y) {
     const int nb = n / GQT_Q4_HQQ_BLOCK;
     float32x4_t sumv0 = vdupq_n_f32(0.0f);
     float32x4_t sumv1 = vdupq_n_f32(0.0f);
@@ -164,39 +179,10 @@ void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_
         summs += sc * gqt_h2f(x[ib].zero) * gqt_h2f(y[ib].s);
         sumv0 = vmlaq_n_f32(sumv0, vcvtq_f32_s32(gqt_neon_sub(x[ib].qs, y[ib].qs)), sc * gqt_h2f(y[ib].d));
     }
-    *s = vaddvq_f32(sumv0) + vaddvq_f32(sumv1) - summs;
-#else
-    gqt_vec_dot_q4_hqq_q8_1_ref(n, s, bs, vx, bx, vy, by, nrc);
-#endif
+    return vaddvq_f32(sumv0) + vaddvq_f32(sumv1) - summs;
 }
 
-void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
-    assert(n % GQT_Q4_HQQ_128_BLOCK == 0);
-    assert(nrc == 1);
-#if defined(GQT_SIMD_AVX2)
-    (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_block_q4_hqq_128 * x = (const gqt_block_q4_hqq_128 *) vx;
-    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
-    const int nb = n / GQT_Q4_HQQ_128_BLOCK;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (int ib = 0; ib < nb; ++ib) {
-        const float sc = gqt_h2f(x[ib].scale);
-        const gqt_block_q8_1 * yb = y + 4 * ib;
-        const float s8 = gqt_h2f(yb[0].s) + gqt_h2f(yb[1].s) + gqt_h2f(yb[2].s) + gqt_h2f(yb[3].s);
-        summs = gqt_fmaf(sc * gqt_h2f(x[ib].zero), s8, summs);
-        for (int k = 0; k < 4; ++k) {
-            const __m256 d = _mm256_set1_ps(sc * gqt_h2f(yb[k].d));
-            const __m256i qx = gqt_nibbles_32(x[ib].qs + 16 * k);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[k].qs);
-            acc = gqt_fmadd(d, gqt_mul_sum_us8(qx, qy), acc);
-        }
-    }
-    *s = gqt_hsum_8(acc) - summs;
-#elif defined(GQT_SIMD_NEON)
-    (void) bs; (void) bx; (void) by; (void) nrc;
-    const gqt_block_q4_hqq_128 * x = (const gqt_block_q4_hqq_128 *) vx;
-    const gqt_block_q8_1 * y = (const gqt_block_q8_1 *) vy;
+static float dot_q4_hqq_128_neon(int n, const gqt_block_q4_hqq_128 * x, const gqt_block_q8_1 * y) {
     const int nb = n / GQT_Q4_HQQ_128_BLOCK;
     float32x4_t sumv0 = vdupq_n_f32(0.0f);
     float32x4_t sumv1 = vdupq_n_f32(0.0f);
@@ -211,8 +197,30 @@ void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, s
         sumv0 = vmlaq_n_f32(sumv0, vcvtq_f32_s32(gqt_neon_sub(x[ib].qs + 32, yb[2].qs)), sc * gqt_h2f(yb[2].d));
         sumv1 = vmlaq_n_f32(sumv1, vcvtq_f32_s32(gqt_neon_sub(x[ib].qs + 48, yb[3].qs)), sc * gqt_h2f(yb[3].d));
     }
-    *s = vaddvq_f32(sumv0) + vaddvq_f32(sumv1) - summs;
-#else
-    gqt_vec_dot_q4_hqq_128_q8_1_ref(n, s, bs, vx, bx, vy, by, nrc);
+    return vaddvq_f32(sumv0) + vaddvq_f32(sumv1) - summs;
+}
 #endif
+
+void gqt_vec_dot_q4_hqq_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
+    assert(n % GQT_Q4_HQQ_BLOCK == 0);
+    assert(nrc == 1);
+#if defined(GQT_SIMD_AVX2)
+    if (gqt_have_avx2()) { *s = dot_q4_hqq_avx2(n, vx, vy); return; }
+#elif defined(GQT_SIMD_NEON)
+    *s = dot_q4_hqq_neon(n, vx, vy);
+    return;
+#endif
+    gqt_vec_dot_q4_hqq_q8_1_ref(n, s, bs, vx, bx, vy, by, nrc);
+}
+
+void gqt_vec_dot_q4_hqq_128_q8_1(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {
+    assert(n % GQT_Q4_HQQ_128_BLOCK == 0);
+    assert(nrc == 1);
+#if defined(GQT_SIMD_AVX2)
+    if (gqt_have_avx2()) { *s = dot_q4_hqq_128_avx2(n, vx, vy); return; }
+#elif defined(GQT_SIMD_NEON)
+    *s = dot_q4_hqq_128_neon(n, vx, vy);
+    return;
+#endif
+    gqt_vec_dot_q4_hqq_128_q8_1_ref(n, s, bs, vx, bx, vy, by, nrc);
 }

@@ -133,37 +133,13 @@ void gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k) {
     for (int64_t b = 0; b < k / QK; ++b) quantize_block(x + b * QK, out + b);
 }
 
-/* AVX2 on x86-64: always when the file is built for it (-mavx2, -march=native); otherwise (the
- * Python wheel, llama.cpp's ggml-base, both built for baseline x86-64) compiled for AVX2 through
- * a function attribute and chosen at run time when the CPU has it. */
-#if defined(__AVX2__)
-#define GQT_TQ3_AVX2 1
-#define GQT_AVX2_FN
-#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(GQT_NO_RUNTIME_AVX2)
-#define GQT_TQ3_AVX2 2
-#define GQT_AVX2_FN __attribute__((target("avx2")))
-#else
-#define GQT_TQ3_AVX2 0
-#endif
-
-#if GQT_TQ3_AVX2
+/* AVX2 on x86-64 by gqt_common.h's rule: compiled in when the build targets it, else picked at run
+ * time (the Python wheel and llama.cpp's ggml-base are built for baseline x86-64). */
+#if GQT_X86_AVX2
 /* 8-wide paths: the same operations on the same operands as the scalar code, so the same bits
  * (integer butterflies are exact; float butterflies pair the same a, b; products and sums keep
  * the canonical order below). test_native_flags_give_the_same_results holds them to it. */
 #include <immintrin.h>
-
-static int have_avx2(void) {
-#if GQT_TQ3_AVX2 == 1
-    return 1;
-#else
-    static int known = -1;   /* benign race: every thread computes the same value */
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return known;
-#endif
-}
 
 #define SGN(j) (((GQT_TQ3_SIGN_WORD >> (j)) & 1) ? -1 : 1)
 
@@ -354,8 +330,8 @@ static inline float block_dot_neon(const gqt_block_tq3_0 * x, const gqt_block_q8
 
 void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k) {
     const gqt_block_tq3_0 * in = (const gqt_block_tq3_0 *) x;
-#if GQT_TQ3_AVX2
-    if (have_avx2()) { dequantize_row_avx2(in, y, k / QK); return; }
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { dequantize_row_avx2(in, y, k / QK); return; }
 #endif
     for (int64_t b = 0; b < k / QK; ++b, y += QK) {
         const float s = gqt_fp16_to_fp32(in[b].d);
@@ -419,8 +395,8 @@ void gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     (void) bs; (void) bx; (void) by; (void) nrc;
     const gqt_block_tq3_0 * x = (const gqt_block_tq3_0 *) vx;
     const gqt_block_q8_0 * y = (const gqt_block_q8_0 *) vy;
-#if GQT_TQ3_AVX2
-    if (have_avx2()) { *s = vec_dot_avx2(x, y, n / QK) * GQT_TQ3_INV_SQRT32F; return; }
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { *s = vec_dot_avx2(x, y, n / QK) * GQT_TQ3_INV_SQRT32F; return; }
 #endif
     float sumf = 0.0f;
     VEC_DOT_BLOCKS(sumf, x, y, n / QK, block_dot);
