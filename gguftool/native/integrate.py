@@ -66,36 +66,31 @@ def _type_count() -> int:
     return max(t.id for t in gtypes.CUSTOM_TYPES) + 1
 
 
+def _trait_entries(comment: str, fields) -> str:
+    """One designated initializer per type for a ggml traits table; fields(t) -> [(field, C value)]."""
+    out = [f"    // {comment}\n"]
+    for t in gtypes.CUSTOM_TYPES:
+        out.append(f"    [GGML_TYPE_{t.name}] = {{\n"
+                   + "".join(f"        .{k:<25}= {v},\n" for k, v in fields(t)) + "    },\n")
+    return "".join(out)
+
+
 def _ggml_traits() -> str:
     # to_float/from_float_ref are the same C functions the Python extension calls.
-    out = ["    // gguftool types (gguftool/types.py); kernels in gguftool/_fast\n"]
-    for t in gtypes.CUSTOM_TYPES:
-        fn = t.ggml_name
-        out.append(
-            f"    [GGML_TYPE_{t.name}] = {{\n"
-            f"        .type_name                = \"{fn}\",\n"
-            f"        .blck_size                = {t.block_size},\n"
-            f"        .type_size                = {t.type_size},\n"
-            f"        .is_quantized             = true,\n"
-            f"        .to_float                 = (ggml_to_float_t) gqt_dequantize_row_{fn},\n"
-            f"        .from_float_ref           = (ggml_from_float_t) gqt_quantize_row_{fn}_ref,\n"
-            f"    }},\n")
-    return "".join(out)
+    return _trait_entries("gguftool types (gguftool/types.py); kernels in gguftool/_fast", lambda t: [
+        ("type_name", f'"{t.ggml_name}"'), ("blck_size", t.block_size), ("type_size", t.type_size),
+        ("is_quantized", "true"), ("to_float", f"(ggml_to_float_t) gqt_dequantize_row_{t.ggml_name}"),
+        ("from_float_ref", f"(ggml_from_float_t) gqt_quantize_row_{t.ggml_name}_ref")])
 
 
 def _cpu_traits() -> str:
     # from_float quantizes every new KV-cache row at run time: the weights' row quantizer, defaults included;
-    # vec_dot is gqt_vec_dot_<type>_<vec_dot type> (the best SIMD path of the build)
-    out = ["    // gguftool types: each paired with the activation type of its table entry (gguftool/types.py)\n"]
-    for t in gtypes.CUSTOM_TYPES:
-        out.append(
-            f"    [GGML_TYPE_{t.name}] = {{\n"
-            f"        .from_float               = (ggml_from_float_t) gqt_quantize_row_{t.ggml_name}_ref,\n"
-            f"        .vec_dot                  = (ggml_vec_dot_t) gqt_vec_dot_{t.ggml_name}_{t.vec_dot_type.lower()},\n"
-            f"        .vec_dot_type             = GGML_TYPE_{t.vec_dot_type},\n"
-            f"        .nrows                    = 1,\n"
-            f"    }},\n")
-    return "".join(out)
+    # vec_dot is gqt_vec_dot_<type>_<vec_dot type> (the build's best path)
+    return _trait_entries("gguftool types: each paired with the activation type of its table entry (gguftool/types.py)",
+                          lambda t: [
+        ("from_float", f"(ggml_from_float_t) gqt_quantize_row_{t.ggml_name}_ref"),
+        ("vec_dot", f"(ggml_vec_dot_t) gqt_vec_dot_{t.ggml_name}_{t.vec_dot_type.lower()}"),
+        ("vec_dot_type", f"GGML_TYPE_{t.vec_dot_type}"), ("nrows", 1)])
 
 
 def _quantize_chunk_cases() -> str:
@@ -106,25 +101,24 @@ def _quantize_chunk_cases() -> str:
 
 
 def _validate_cases() -> str:
-    out = []
-    for nf in sorted({t.fp16_fields for t in gtypes.CUSTOM_TYPES}):
-        out += [f"        case GGML_TYPE_{t.name}:\n" for t in gtypes.CUSTOM_TYPES if t.fp16_fields == nf]
-        out.append(
-            "            {\n"
-            f"                // gguftool: the block's {nf} leading fp16 field(s) (scale[, zero])\n"
-            "                const size_t ts = ggml_type_size(type);\n"
-            f"                const int nf = {nf};\n"
-            "                for (size_t i = 0; i < nb; ++i) {\n"
-            "                    for (int k = 0; k < nf; ++k) {\n"
-            "                        ggml_fp16_t h;\n"
-            "                        memcpy(&h, (const char *) data + i*ts + 2*k, sizeof(h));\n"
-            "                        if (!validate_fp16(h, i)) {\n"
-            "                            return false;\n"
-            "                        }\n"
-            "                    }\n"
-            "                }\n"
-            "            } break;\n")
-    return "".join(out)
+    *rest, last = gtypes.CUSTOM_TYPES
+    nf = "".join(f"type == GGML_TYPE_{t.name} ? {t.fp16_fields} : " for t in rest) + str(last.fp16_fields)
+    return (
+        "".join(f"        case GGML_TYPE_{t.name}:\n" for t in gtypes.CUSTOM_TYPES) +
+        "            {\n"
+        "                // gguftool: each block's leading fp16 fields (scale[, zero]), counts from gguftool/types.py\n"
+        "                const size_t ts = ggml_type_size(type);\n"
+        f"                const int nf = {nf};\n"
+        "                for (size_t i = 0; i < nb; ++i) {\n"
+        "                    for (int k = 0; k < nf; ++k) {\n"
+        "                        ggml_fp16_t h;\n"
+        "                        memcpy(&h, (const char *) data + i*ts + 2*k, sizeof(h));\n"
+        "                        if (!validate_fp16(h, i)) {\n"
+        "                            return false;\n"
+        "                        }\n"
+        "                    }\n"
+        "                }\n"
+        "            } break;\n")
 
 
 def _case_lines(indent: str = "        ") -> str:
