@@ -7,8 +7,7 @@ from pathlib import Path
 from ..io import hub as hubio
 from ..io.writer import check_output_path
 from . import formatter
-from .convert import add_quant_args, convert_dir
-from .planning import execute, options, size_summary
+from .planning import add_checkpoint_args, convert, requantize, size_summary
 
 EXAMPLES = """examples:
   gguftool hub HuggingFaceTB/SmolLM2-135M-Instruct --type Q4_HQQ           # -> SmolLM2-135M-Instruct-Q4_HQQ.gguf
@@ -34,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--gguf-pattern", metavar="GLOB", help="for repos of GGUF files: which file to requantize")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
-    add_quant_args(p)
+    add_checkpoint_args(p)
     p.set_defaults(func=run)
 
 
@@ -47,20 +46,9 @@ def run(args) -> int:
     print(f"{args.repo_id}@{snap.revision}: commit {snap.commit} in {snap.path}", file=sys.stderr)
     record = snap.record(hubio.endpoint())
     if snap.kind == "checkpoint":
-        return convert_dir(snap.path, out, args, record=record, name=args.repo_id.split("/")[-1], default_type=DEFAULT_TYPE)
-    return requantize(snap.gguf_file, out, args, record)
-
-
-def requantize(src_path: Path, out: Path, args, record: dict[str, str]) -> int:
-    from ..io.reader import GGUFFile
-    from ..pipeline.quantize import run as run_quantize
-    src = GGUFFile(src_path)
-    opts, params, rec, _ = options(args, DEFAULT_TYPE)
-
-    def write(plan):
-        run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params, record={**rec, **record})
-
-    plan = execute(args, src, out, [src_path], opts, params, write)
-    if plan is not None:
-        print(f"{out}: requantized {src_path.name} -> {opts.target}, {size_summary(plan)}")
+        return convert(args, snap.path, out, record=record, name=args.repo_id.split("/")[-1], default_type=DEFAULT_TYPE)
+    done = requantize(args, snap.gguf_file, out, default_type=DEFAULT_TYPE, record=record)
+    if done:
+        plan, opts = done
+        print(f"{out}: requantized {snap.gguf_file.name} -> {opts.target}, {size_summary(plan)}")
     return 0

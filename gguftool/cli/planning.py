@@ -1,7 +1,9 @@
-"""What quantize, convert and hub share: the planning options and the plan -> run -> summary flow."""
+"""What quantize, convert and hub share: the planning options and the plan -> warnings -> write flows
+for a GGUF file (requantize) and for a checkpoint directory (convert)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -42,6 +44,14 @@ def add_plan_args(p) -> None:
                    help="0 = the min-max scale only (default); n = also try 2n scales: ~6%% lower error, ~2x the time")
     s.add_argument("--hqq-refit", type=int,
                    help="rounds of least-squares refit of scale/zero (default 2); 0 with scale search 0 = plain HQQ")
+
+
+def add_checkpoint_args(p) -> None:
+    """The planning options for a float checkpoint, which is never "already quantized"."""
+    add_plan_args(p)
+    p.add_argument("--tokenizer-pre", metavar="NAME",
+                   help="llama.cpp pre-tokenizer name, when gguftool does not recognise tokenizer.json's")
+    p.set_defaults(allow_requantize=True)
 
 
 def options(args, default_type: str | None = None):
@@ -95,6 +105,51 @@ def execute(args, src: ModelSource, out: Path, inputs: list[Path], opts: plannin
         print(f"note: {note}", file=sys.stderr)
     write(plan)
     return plan
+
+
+def requantize(args, src_path: Path, out: Path, *, default_type: str | None = None, record: dict | None = None,
+               refine=None):
+    """A GGUF file -> `out` by the shared options; refine(src, plan, opts, params, recipe) may change the
+    plan (size targets). Returns (plan, opts), or None after --dry-run."""
+    from ..io.reader import GGUFFile
+    from ..pipeline.quantize import run as run_quantize
+    src = GGUFFile(src_path)
+    opts, params, rec, recipe = options(args, default_type)
+
+    def write(plan):
+        run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params,
+                     record={**rec, **(record or {})})
+
+    plan = execute(args, src, out, [src_path], opts, params, write,
+                   refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
+    return None if plan is None else (plan, opts)
+
+
+def quiet_gguf_logs() -> None:
+    # gguf's SpecialVocab logs each special-token kind llama.cpp has no key for (e.g. BERT's cls); not actionable
+    if not os.environ.get("GGUFTOOL_DEBUG"):
+        logging.getLogger("gguf").setLevel(logging.ERROR)
+        logging.getLogger("gguf.vocab").setLevel(logging.ERROR)
+
+
+def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, name: str | None = None,
+            default_type: str | None = None) -> int:
+    """A Hugging Face checkpoint directory -> `out`, converted and quantized in one pass."""
+    from ..convert import open_model
+    from ..pipeline.convert import DEFAULT_OUTTYPE, make_plan
+    from ..pipeline.convert import convert as run_convert
+    quiet_gguf_logs()
+    opts, params, rec, _ = options(args, default_type or DEFAULT_OUTTYPE)
+    model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
+
+    def write(plan):
+        run_convert(model, out, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan)
+
+    plan = execute(args, model, out, [model_dir], opts, params, write, make_plan=make_plan)
+    if plan is not None:
+        print(f"{out}: {model.architecture} ({model.hf_arch}), {len(plan.steps)} tensors, {size_summary(plan)} "
+              f"(from {model.checkpoint.n_bytes / 2**20:.1f} MiB of safetensors), tokenizer pre {model.tokenizer_pre!r}")
+    return 0
 
 
 def size_summary(plan: planning.Plan) -> str:

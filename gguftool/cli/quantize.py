@@ -5,10 +5,8 @@ from pathlib import Path
 
 from .. import types
 from ..errors import GgufToolError
-from ..io.reader import GGUFFile
-from ..pipeline.quantize import run as run_quantize
 from . import formatter
-from .planning import add_plan_args, execute, options, size_summary
+from .planning import add_plan_args, requantize, size_summary
 
 EXAMPLES = """examples:
   gguftool quantize model-f16.gguf model-q4hqq.gguf Q4_HQQ
@@ -49,21 +47,20 @@ def budget_bytes(args, n_params: int) -> int | None:
     return None
 
 
-def run(args) -> int:
-    src = GGUFFile(args.input)
-    opts, params, record, recipe = options(args)
-
-    def fit_budget(plan):
+def fit_budget(args):
+    """--target-bpw / --target-size: per-tensor types from the recipe's allowed set (or TYPE) to meet it."""
+    def refine(src, plan, opts, params, recipe):
         budget = budget_bytes(args, plan.n_params)
         if budget is None:
             return plan
         from ..pipeline.budget import fit
         return fit(src, plan, recipe.allowed if recipe and recipe.allowed else [opts.target], budget, params)
+    return refine
 
-    def write(plan):
-        run_quantize(src, plan, args.output, target=opts.target, threads=args.threads, params=params, record=record)
 
-    plan = execute(args, src, args.output, [args.input], opts, params, write, refine=fit_budget)
-    if plan is not None:
+def run(args) -> int:
+    done = requantize(args, args.input, args.output, refine=fit_budget(args))
+    if done:
+        plan, _ = done
         print(f"{args.output}: {size_summary(plan)} (from {plan.in_bytes / 2**20:.1f} MiB)")
     return 0
