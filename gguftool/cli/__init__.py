@@ -1,4 +1,7 @@
-"""`gguftool` command line: one module per noun; modules print, the layers below compute."""
+"""`gguftool` command line: one module per noun; modules print, the layers below compute.
+
+Shared by several commands: planning.py (planning options and the write flows), size.py (byte sizes).
+"""
 from __future__ import annotations
 
 import argparse
