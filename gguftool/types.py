@@ -113,10 +113,13 @@ META_PREFIX = "gguftool.type."
 META_FIELDS = ("id", "block_size", "type_size", "layout_version")
 
 
+def of_family(family: str) -> tuple[CustomType, ...]:
+    return tuple(t for t in CUSTOM_TYPES if t.family == family)
+
+
 def hqq_targets() -> dict[str, TensorType]:
     """Every type the HQQ solver writes: ours of the hqq family, then the stock layouts."""
-    return {**{t.name: t for t in CUSTOM_TYPES if t.family == "hqq"},
-            **{n: stock(n) for n in HQQ_STOCK_TARGETS}}
+    return {**{t.name: t for t in of_family("hqq")}, **{n: stock(n) for n in HQQ_STOCK_TARGETS}}
 
 
 def code_bits(t: TensorType) -> int:
@@ -200,6 +203,7 @@ def render_c_header() -> str:
             f"#define GQT_{n}_BLOCK {t.block_size}",
             f"#define GQT_{n}_BYTES {t.type_size}",
             f"#define GQT_{n}_LAYOUT {t.layout_version}",
+            f"#define GQT_{n}_BITS {t.code_bits}",
             "",
         ]
     lines.append(f"#define GQT_TYPE_MAX {max(t.id for t in CUSTOM_TYPES)}")
@@ -209,11 +213,11 @@ def render_c_header() -> str:
     lines += [f"    X({t.name}, {t.ggml_name}, {t.vec_dot_type.lower()})" + (" \\" if i + 1 < len(CUSTOM_TYPES) else "")
               for i, t in enumerate(CUSTOM_TYPES)]
     lines.append("")
-    lines.append("/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */")
+    lines.append("/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block, bits per code). */")
     for n in HQQ_STOCK_TARGETS:
         t = stock(n)
         lines += [f"#define GQT_HQQ_TARGET_{n} {t.id}", f"#define GQT_{n}_BLOCK {t.block_size}",
-                  f"#define GQT_{n}_BYTES {t.type_size}"]
+                  f"#define GQT_{n}_BYTES {t.type_size}", f"#define GQT_{n}_BITS {HQQ_STOCK_TARGETS[n]}"]
     return "\n".join(lines) + "\n"
 
 

@@ -27,10 +27,13 @@ typedef struct {
 
 static int target_info(int target, hqq_target * t) {
     switch (target) {
-    case GQT_TYPE_Q4_HQQ:     t->group = 32;  t->qmax = 15; t->stock = 0; t->bytes = GQT_Q4_HQQ_BYTES;     return 1;
-    case GQT_TYPE_Q4_HQQ_128: t->group = 128; t->qmax = 15; t->stock = 0; t->bytes = GQT_Q4_HQQ_128_BYTES; return 1;
-    case GQT_HQQ_TARGET_Q4_1: t->group = 32;  t->qmax = 15; t->stock = 1; t->bytes = GQT_Q4_1_BYTES;       return 1;
-    case GQT_HQQ_TARGET_Q5_1: t->group = 32;  t->qmax = 31; t->stock = 1; t->bytes = GQT_Q5_1_BYTES;       return 1;
+#define TARGET(T, STOCK) \
+        t->group = GQT_##T##_BLOCK; t->bytes = GQT_##T##_BYTES; t->qmax = (1 << GQT_##T##_BITS) - 1; t->stock = STOCK; return 1
+    case GQT_TYPE_Q4_HQQ:     TARGET(Q4_HQQ, 0);
+    case GQT_TYPE_Q4_HQQ_128: TARGET(Q4_HQQ_128, 0);
+    case GQT_HQQ_TARGET_Q4_1: TARGET(Q4_1, 1);
+    case GQT_HQQ_TARGET_Q5_1: TARGET(Q5_1, 1);
+#undef TARGET
     default: return 0;
     }
 }

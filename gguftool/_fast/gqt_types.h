@@ -6,18 +6,21 @@
 #define GQT_Q4_HQQ_BLOCK 32
 #define GQT_Q4_HQQ_BYTES 20
 #define GQT_Q4_HQQ_LAYOUT 1
+#define GQT_Q4_HQQ_BITS 4
 
 /* Q4_HQQ_128: fp16 scale, fp16 zero, 64 B of codes packed as four Q4_HQQ-style 32-value sub-blocks; x = (q - zero) * scale */
 #define GQT_TYPE_Q4_HQQ_128 513
 #define GQT_Q4_HQQ_128_BLOCK 128
 #define GQT_Q4_HQQ_128_BYTES 68
 #define GQT_Q4_HQQ_128_LAYOUT 1
+#define GQT_Q4_HQQ_128_BITS 4
 
 /* TQ3_0: fp16 scale, 12 B of 3-bit Lloyd-Max indices of the sign-flipped Walsh-Hadamard rotated block */
 #define GQT_TYPE_TQ3_0 514
 #define GQT_TQ3_0_BLOCK 32
 #define GQT_TQ3_0_BYTES 14
 #define GQT_TQ3_0_LAYOUT 1
+#define GQT_TQ3_0_BITS 3
 
 #define GQT_TYPE_MAX 514
 
@@ -28,10 +31,12 @@
     X(Q4_HQQ_128, q4_hqq_128, q8_1) \
     X(TQ3_0, tq3_0, q8_0)
 
-/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block). */
+/* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block, bits per code). */
 #define GQT_HQQ_TARGET_Q4_1 3
 #define GQT_Q4_1_BLOCK 32
 #define GQT_Q4_1_BYTES 20
+#define GQT_Q4_1_BITS 4
 #define GQT_HQQ_TARGET_Q5_1 7
 #define GQT_Q5_1_BLOCK 32
 #define GQT_Q5_1_BYTES 24
+#define GQT_Q5_1_BITS 5

@@ -16,7 +16,7 @@ from ..pipeline import plan as planning
 from ..pipeline.quantize import ignored_params
 from ..pipeline.source import ModelSource
 
-HQQ_OURS = ", ".join(t.name for t in types.CUSTOM_TYPES if t.family == "hqq")
+HQQ_OURS = ", ".join(t.name for t in types.of_family("hqq"))
 HQQ_STOCK = "/".join(types.HQQ_STOCK_TARGETS)
 SOLVER_PARAMS = {"hqq_iters": "iters", "hqq_lp_norm": "lp_norm", "hqq_beta": "beta", "hqq_kappa": "kappa",
                  "hqq_scale_search": "scale_search", "hqq_refit": "refit"}

@@ -45,7 +45,7 @@ def ignored_params(plan: Plan, params: dict[str, Any]) -> list[str]:
     ignored = sorted(k for k, v in params.items() if k != "solver" or v == "hqq")
     if not ignored or _hqq_steps(plan, params):
         return []
-    ours = ", ".join(t.name for t in types.CUSTOM_TYPES if t.family == "hqq")
+    ours = ", ".join(t.name for t in types.of_family("hqq"))
     return [f"HQQ parameters {ignored} ignored: no tensor uses the HQQ solver "
             f"(it fills {ours}, and {'/'.join(types.HQQ_STOCK_TARGETS)} with --solver hqq)"]
 

@@ -465,10 +465,7 @@ def vec_dot_q8_1_ref(x_row: np.ndarray, y_q8_1: np.ndarray, target: str | int) -
 def _register() -> None:
     from . import register
 
-    for t in types.CUSTOM_TYPES:
-        if t.family != "hqq":
-            continue
-
+    for t in types.of_family("hqq"):
         def quantize(x, *, threads: int = 1, _n=t.name, **params):
             return quantize_hqq(x, _n, threads=threads, **params)
 
