@@ -27,7 +27,7 @@ from ..errors import GgufToolError
 from . import integrate, source
 
 TARGETS = ("llama-completion", "llama-perplexity", "llama-bench", "llama-quantize", "llama-embedding",
-           "gguftool-check")
+           "gguftool-check", "gguftool-kvdump")
 STAMP = "gguftool-build.json"
 LOG = "gguftool-build.log"
 

@@ -125,6 +125,26 @@ def _case_lines(indent: str = "        ") -> str:
     return "".join(f"{indent}case GGML_TYPE_{t.name}: // gguftool\n" for t in gtypes.CUSTOM_TYPES)
 
 
+KV_CALIB_INCLUDE = '#include "../gguftool/gqt_kv_calib.h" // gguftool\n'
+KV_CALIB_OUT = "    cur = gqt_kv_calib_apply_out(ctx0, gqt_calib, gqt_vq, cur); // gguftool\n"
+
+
+def _calib_in(mctx: str) -> str:
+    """build_attn's calibration lines: find the layer's calibration through its K cache tensor and
+    edit q/k/v before the rotation. Not with logit soft-capping, which a per-query shift changes."""
+    return (
+        "    // gguftool: KV calibration (gguftool/gqt_kv_calib.h)\n"
+        "    const gqt_kv_calib_layer * gqt_calib = nullptr;\n"
+        "    bool gqt_kq = false, gqt_vq = false;\n"
+        "    if (!cparams.training && !hparams.attn_soft_cap) {\n"
+        f"        ggml_tensor * gqt_kc = {mctx}->get_k(ctx0, il);\n"
+        "        gqt_calib = gqt_kv_calib_find(gqt_kc);\n"
+        "        gqt_kq = ggml_is_quantized(gqt_kc->type);\n"
+        f"        gqt_vq = v_cur && ggml_is_quantized({mctx}->get_v(ctx0, il)->type);\n"
+        "        gqt_kv_calib_apply_in(ctx0, gqt_calib, gqt_kq, gqt_vq, &q_cur, &k_cur, &v_cur);\n"
+        "    }\n")
+
+
 def edits() -> list[Edit]:
     up = source.PINNED.ggml_type_count
     kernels_h = "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in _families())
@@ -191,6 +211,29 @@ def edits() -> list[Edit]:
              '            LLAMA_LOG_WARN("%s: enabling flash_attn since it is required for quantized V cache (%s)\\n", '
              '__func__, ggml_type_name(params.type_v)); // gguftool: visible by default\n',
              where="replace"),
+        # KV calibration (gguftool/native/patches/gqt_kv_calib.h): loaded with the model, bound to
+        # each layer's K cache tensor, applied around the attention of both KV-cache graph builders
+        Edit("src/CMakeLists.txt", "    llama-kv-cache.cpp\n", "    ../gguftool/gqt_kv_calib.cpp # gguftool\n"),
+        Edit("src/llama-model.cpp", '#include "llama-model.h"\n', KV_CALIB_INCLUDE, count=1),
+        Edit("src/llama-model.cpp", "bool llama_model_base::load_tensors(llama_model_loader & ml) {\n",
+             "    gqt_kv_calib_load(this, ml.metadata, hparams); // gguftool\n"),
+        Edit("src/llama-model.cpp", "llama_model::~llama_model() {\n", "    gqt_kv_calib_forget(this); // gguftool\n"),
+        Edit("src/llama-kv-cache.cpp", '#include "llama-kv-cache.h"\n', KV_CALIB_INCLUDE, count=1),
+        Edit("src/llama-kv-cache.cpp", "        layers.push_back({ il, k, v, k_stream, v_stream, });\n",
+             "        gqt_kv_calib_bind(k, &model, il); // gguftool\n"),
+        Edit("src/llama-graph.cpp", '#include "llama-graph.h"\n', KV_CALIB_INCLUDE, count=1),
+        Edit("src/llama-graph.cpp",
+             "    if (inp->self_k_rot) {\n        q_cur = llama_mul_mat_hadamard(ctx0, q_cur, inp->self_k_rot);\n",
+             _calib_in("inp->mctx"), where="before"),
+        Edit("src/llama-graph.cpp",
+             "    if (inp->self_v_rot) {\n        cur = llama_mul_mat_hadamard(ctx0, cur, inp->self_v_rot);\n    }\n",
+             KV_CALIB_OUT),
+        Edit("src/llama-graph.cpp",
+             "    auto * k_rot = is_swa ? inp->self_k_rot_swa : inp->self_k_rot;\n"
+             "    auto * v_rot = is_swa ? inp->self_v_rot_swa : inp->self_v_rot;\n",
+             _calib_in("(is_swa ? inp->mctx->get_swa() : inp->mctx->get_base())")),
+        Edit("src/llama-graph.cpp", "    if (v_rot) {\n        cur = llama_mul_mat_hadamard(ctx0, cur, v_rot);\n    }\n",
+             KV_CALIB_OUT),
         # build our kernels into ggml-base / ggml-cpu (after all backends are added)
         Edit("ggml/src/CMakeLists.txt", "target_link_libraries(ggml-base PRIVATE Threads::Threads)\n",
              "include(${CMAKE_CURRENT_SOURCE_DIR}/../../gguftool/gguftool.cmake) # gguftool kernels\n"),
@@ -225,6 +268,10 @@ target_link_libraries(gguftool-check PRIVATE ggml ggml-base)
 if (TARGET ggml-cpu)
     target_link_libraries(gguftool-check PRIVATE ggml-cpu)
 endif()
+
+# attention-input dump for offline KV calibration (gguftool/native/patches/gqt_kvdump.cpp)
+add_executable(gguftool-kvdump ${CMAKE_CURRENT_LIST_DIR}/gqt_kvdump.cpp)
+target_link_libraries(gguftool-kvdump PRIVATE llama-common llama ${CMAKE_THREAD_LIBS_INIT})
 """
 
 
@@ -310,9 +357,9 @@ def integrate(tree: Path, kernel_dir: Path = KERNEL_DIR, log=print) -> dict:
     cmake = CMAKE_TEMPLATE.replace("@BASE@", " ".join(base)).replace("@CPU@", " ".join(cpu))
     if _write_if_changed(gq / "gguftool.cmake", cmake.encode()):
         changed.append("gguftool/gguftool.cmake")
-    check_src = (PATCH_DIR / "gqt_check.c").read_bytes()
-    if _write_if_changed(gq / "gqt_check.c", check_src):
-        changed.append("gguftool/gqt_check.c")
+    for name in ("gqt_check.c", "gqt_kvdump.cpp", "gqt_kv_calib.h", "gqt_kv_calib.cpp"):
+        if _write_if_changed(gq / name, (PATCH_DIR / name).read_bytes()):
+            changed.append(f"gguftool/{name}")
 
     manifest = {
         "llama_commit": source.PINNED.llama_commit,

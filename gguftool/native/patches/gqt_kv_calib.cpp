@@ -1,0 +1,203 @@
+// gguftool KV-cache calibration: metadata -> per-layer tensors -> graph edits. See gqt_kv_calib.h.
+#include "gqt_kv_calib.h"
+
+#include "gguf.h"
+#include "ggml-backend.h"
+#include "llama-hparams.h"
+#include "llama-impl.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct model_calib {
+    ggml_context * ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    std::vector<gqt_kv_calib_layer> layers;  // empty entries: layer not calibrated
+
+    ~model_calib() {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+struct binding {
+    const llama_model * model;
+    int32_t il;
+};
+
+std::mutex g_mutex;
+std::map<const llama_model *, model_calib *> g_models;
+std::map<const ggml_tensor *, binding> g_bindings;
+
+// the float32 array `key`, exactly n long and finite (positive if `positive`); empty when absent
+std::vector<float> read_array(const gguf_context * meta, const std::string & key, size_t n, bool positive) {
+    const int64_t id = gguf_find_key(meta, key.c_str());
+    if (id < 0) {
+        return {};
+    }
+    if (gguf_get_kv_type(meta, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(meta, id) != GGUF_TYPE_FLOAT32 ||
+        gguf_get_arr_n(meta, id) != n) {
+        throw std::runtime_error("gguftool KV calibration: " + key + " must be a float32 array of " +
+                                 std::to_string(n) + " values");
+    }
+    const float * d = (const float *) gguf_get_arr_data(meta, id);
+    std::vector<float> out(d, d + n);
+    for (float x : out) {
+        if (!std::isfinite(x) || (positive && !(x > 0.0f))) {
+            throw std::runtime_error("gguftool KV calibration: " + key + " holds a value that is not finite" +
+                                     std::string(positive ? " and positive" : ""));
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+static void load(const llama_model * model, const gguf_context * meta, const llama_hparams & hp) {
+    const uint32_t n_layer = hp.n_layer_all;
+    struct host_layer { std::vector<float> k_mean, k_inv, q_scale, v_mean, out_mean; uint32_t dk, dv, hq, hkv; };
+    std::vector<host_layer> host(n_layer);
+    uint32_t n_found = 0;
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const uint32_t hkv = hp.n_head_kv(il), hq = hp.n_head(il);
+        if (hkv == 0 || hq == 0 || hq % hkv != 0) {
+            continue;
+        }
+        const uint32_t nk = hp.n_embd_k_gqa(il), nv = hp.n_embd_v_gqa(il);
+        const std::string pre = "gguftool.kv_calib.blk." + std::to_string(il) + ".";
+        std::vector<float> mu = read_array(meta, pre + "k_mean", nk, false);
+        std::vector<float> s = read_array(meta, pre + "k_scale", nk, true);
+        std::vector<float> nu = read_array(meta, pre + "v_mean", nv, false);
+        if (mu.empty() && s.empty() && nu.empty()) {
+            continue;
+        }
+        if (mu.empty() || s.empty() || nu.empty()) {
+            throw std::runtime_error("gguftool KV calibration: layer " + std::to_string(il) +
+                                     " has only some of k_mean, k_scale, v_mean");
+        }
+        host_layer & h = host[il];
+        h.dk = nk / hkv;
+        h.dv = nv / hkv;
+        h.hq = hq;
+        h.hkv = hkv;
+        h.k_mean = mu;
+        h.v_mean = nu;
+        h.k_inv.resize(nk);
+        for (uint32_t i = 0; i < nk; ++i) {
+            h.k_inv[i] = 1.0f / s[i];
+        }
+        const uint32_t g = hq / hkv;
+        h.q_scale.resize(size_t(h.dk) * hq);
+        h.out_mean.resize(size_t(h.dv) * hq);
+        for (uint32_t hh = 0; hh < hq; ++hh) {
+            for (uint32_t i = 0; i < h.dk; ++i) h.q_scale[size_t(hh) * h.dk + i] = s[size_t(hh / g) * h.dk + i];
+            for (uint32_t i = 0; i < h.dv; ++i) h.out_mean[size_t(hh) * h.dv + i] = nu[size_t(hh / g) * h.dv + i];
+        }
+        ++n_found;
+    }
+    if (n_found == 0) {
+        LLAMA_LOG_INFO("gguftool: no KV calibration in this file; a quantized cache stores K/V as they are\n");
+        return;
+    }
+
+    auto * mc = new model_calib();
+    mc->layers.resize(n_layer);
+    ggml_init_params params = { /*.mem_size =*/ 5 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                                /*.no_alloc =*/ true };
+    mc->ctx = ggml_init(params);
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const host_layer & h = host[il];
+        if (h.k_mean.empty()) continue;
+        gqt_kv_calib_layer & L = mc->layers[il];
+        L.k_mean = ggml_new_tensor_2d(mc->ctx, GGML_TYPE_F32, h.dk, h.hkv);
+        L.k_inv = ggml_new_tensor_2d(mc->ctx, GGML_TYPE_F32, h.dk, h.hkv);
+        L.q_scale = ggml_new_tensor_2d(mc->ctx, GGML_TYPE_F32, h.dk, h.hq);
+        L.v_mean = ggml_new_tensor_2d(mc->ctx, GGML_TYPE_F32, h.dv, h.hkv);
+        L.out_mean = ggml_new_tensor_1d(mc->ctx, GGML_TYPE_F32, int64_t(h.dv) * h.hq);
+        ggml_format_name(L.k_mean, "gqt_k_mean-%u", il);
+        ggml_format_name(L.k_inv, "gqt_k_inv-%u", il);
+        ggml_format_name(L.q_scale, "gqt_q_scale-%u", il);
+        ggml_format_name(L.v_mean, "gqt_v_mean-%u", il);
+        ggml_format_name(L.out_mean, "gqt_out_mean-%u", il);
+    }
+    mc->buf = ggml_backend_alloc_ctx_tensors_from_buft(mc->ctx, ggml_backend_cpu_buffer_type());
+    if (!mc->buf) {
+        delete mc;
+        throw std::runtime_error("gguftool KV calibration: cannot allocate its tensors");
+    }
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const host_layer & h = host[il];
+        if (h.k_mean.empty()) continue;
+        const gqt_kv_calib_layer & L = mc->layers[il];
+        ggml_backend_tensor_set(L.k_mean, h.k_mean.data(), 0, ggml_nbytes(L.k_mean));
+        ggml_backend_tensor_set(L.k_inv, h.k_inv.data(), 0, ggml_nbytes(L.k_inv));
+        ggml_backend_tensor_set(L.q_scale, h.q_scale.data(), 0, ggml_nbytes(L.q_scale));
+        ggml_backend_tensor_set(L.v_mean, h.v_mean.data(), 0, ggml_nbytes(L.v_mean));
+        ggml_backend_tensor_set(L.out_mean, h.out_mean.data(), 0, ggml_nbytes(L.out_mean));
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        g_models[model] = mc;
+    }
+    LLAMA_LOG_INFO("gguftool: KV calibration for %u of %u layers (applied to quantized K/V caches)\n", n_found, n_layer);
+}
+
+void gqt_kv_calib_load(const llama_model * model, const gguf_context * meta, const llama_hparams & hp) {
+    gqt_kv_calib_forget(model);
+    try {
+        load(model, meta, hp);
+    } catch (const std::exception & e) {
+        LLAMA_LOG_WARN("%s: %s; running without it\n", __func__, e.what());
+    }
+}
+
+void gqt_kv_calib_forget(const llama_model * model) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_models.find(model);
+    if (it != g_models.end()) {
+        delete it->second;
+        g_models.erase(it);
+    }
+}
+
+void gqt_kv_calib_bind(const ggml_tensor * k_cache, const llama_model * model, int32_t il) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_bindings[k_cache] = { model, il };
+}
+
+const gqt_kv_calib_layer * gqt_kv_calib_find(const ggml_tensor * k_cache) {
+    while (k_cache && k_cache->view_src) {
+        k_cache = k_cache->view_src;
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto b = g_bindings.find(k_cache);
+    if (b == g_bindings.end()) return nullptr;
+    auto m = g_models.find(b->second.model);
+    if (m == g_models.end() || b->second.il < 0 || size_t(b->second.il) >= m->second->layers.size()) return nullptr;
+    const gqt_kv_calib_layer * L = &m->second->layers[b->second.il];
+    return L->k_mean ? L : nullptr;
+}
+
+void gqt_kv_calib_apply_in(ggml_context * ctx, const gqt_kv_calib_layer * c, bool k_quantized, bool v_quantized,
+                           ggml_tensor ** q, ggml_tensor ** k, ggml_tensor ** v) {
+    if (!c) return;
+    if (k_quantized && *k) {
+        *q = ggml_mul(ctx, *q, c->q_scale);
+        *k = ggml_mul(ctx, ggml_sub(ctx, *k, c->k_mean), c->k_inv);
+    }
+    if (v_quantized && *v) {
+        *v = ggml_sub(ctx, *v, c->v_mean);
+    }
+}
+
+ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_layer * c, bool v_quantized,
+                                     ggml_tensor * out) {
+    if (!c || !v_quantized) return out;
+    return ggml_add(ctx, out, c->out_mean);
+}

@@ -1,0 +1,47 @@
+// gguftool KV-cache calibration in llama.cpp (see docs/kv.md).
+//
+// A file written by `gguftool kv-calibrate` carries, per layer, three float32 arrays measured
+// offline on text (post-norm, post-RoPE attention inputs):
+//   gguftool.kv_calib.blk.<il>.k_mean    mu   (n_embd_k_gqa)   mean key
+//   gguftool.kv_calib.blk.<il>.k_scale   s    (n_embd_k_gqa)   per-channel key divisor, > 0
+//   gguftool.kv_calib.blk.<il>.v_mean    nu   (n_embd_v_gqa)   mean value
+// Before the cache (and before llama.cpp's Hadamard rotation) the graph stores
+//   k' = (k - mu) / s,   q' = q * s (s of the query's KV head),   v' = v - nu,
+// and adds nu back to the attention output. Softmax is unchanged by a per-query constant, so
+// q'.k' = q.k - q.mu gives the same attention; sum_j p_j (v_j - nu) + nu is the same output. Only
+// what is quantized changes: keys and values with the common part removed and key channels
+// balanced against the queries that read them. s is equal on channels RoPE rotates together,
+// so a K shift stays exact. Applied only when the cache type is quantized; a file without the
+// arrays runs unchanged (one log line says so).
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+
+struct gguf_context;
+struct llama_hparams;
+struct llama_model;
+
+struct gqt_kv_calib_layer {
+    ggml_tensor * k_mean    = nullptr;  // [n_embd_head_k, n_head_kv]
+    ggml_tensor * k_inv     = nullptr;  // [n_embd_head_k, n_head_kv]   1 / s
+    ggml_tensor * q_scale   = nullptr;  // [n_embd_head_k, n_head]      s of each query head's KV head
+    ggml_tensor * v_mean    = nullptr;  // [n_embd_head_v, n_head_kv]
+    ggml_tensor * out_mean  = nullptr;  // [n_embd_head_v * n_head]     nu of each query head's KV head
+};
+
+// Read the arrays of `meta` for `model`. An array that is present but malformed (wrong type or
+// length, non-finite, s <= 0) is named in a warning and the model runs without calibration.
+void gqt_kv_calib_load(const llama_model * model, const gguf_context * meta, const llama_hparams & hp);
+void gqt_kv_calib_forget(const llama_model * model);
+
+// The KV cache registers its per-layer K tensor; build_attn finds the layer's calibration from it.
+void gqt_kv_calib_bind(const ggml_tensor * k_cache, const llama_model * model, int32_t il);
+const gqt_kv_calib_layer * gqt_kv_calib_find(const ggml_tensor * k_cache);
+
+// The graph edits of build_attn (q, k, v: [head_dim, heads, tokens]; out: [head_dim * n_head, tokens]).
+void gqt_kv_calib_apply_in(ggml_context * ctx, const gqt_kv_calib_layer * c, bool k_quantized, bool v_quantized,
+                           ggml_tensor ** q, ggml_tensor ** k, ggml_tensor ** v);
+ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_layer * c, bool v_quantized,
+                                     ggml_tensor * out);

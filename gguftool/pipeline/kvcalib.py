@@ -1,0 +1,252 @@
+"""Offline KV-cache calibration: what `gguftool kv-calibrate` measures, chooses and writes.
+
+llama.cpp's attention reads softmax(q.k) and sum_j p_j v_j. Both are unchanged when every key of a
+layer loses the same vector mu (q.mu is a per-query constant), when every value loses nu and the
+output gets it back, and when key channel i is divided by s_i while the query channel is multiplied
+by it. The quantized cache then holds (k - mu) / s and v - nu: on SmolLM2 and Gemma 3 about half of
+the key energy is the common part mu, and Gemma's key channels are far out of balance with its
+queries. The runtime half is gguftool/native/patches/gqt_kv_calib.{h,cpp}; docs/kv.md has the figures.
+
+The balance s_i = (K_i / Q_i)^(alpha/4) (K_i, Q_i: mean squares of the centred key and of the
+queries on channel i) minimises E|q'|^2 E|k'|^2, the size of the score error a quantizer adds after
+llama.cpp's Hadamard rotation; alpha in {0, 1/2, 1} is chosen per layer by the attention KL that
+a Q4_0 cache would cause on the calibration text. s is shared by the two channels RoPE rotates
+together, so llama.cpp's K shift stays exact.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType
+from gguf import quants as gq
+
+from ..errors import GgufToolError
+
+META = "gguftool.kv_calib."
+VERSION = 1
+ALPHAS = (0.0, 0.5, 1.0)
+SELECT_CHUNKS = 4
+S_LIMIT = 16.0          # s within [1/16, 16]: a channel seen empty in calibration is not blown up
+
+# llama.cpp's RoPE pairing per architecture (llama_model_rope_type): NORM rotates channels (2i, 2i+1),
+# NEOX rotates (i, i + d/2). Architectures not listed get mu and nu only (s = 1), which needs no pairing.
+ROPE_NORM = {"llama", "baichuan", "starcoder", "internlm2", "minicpm", "xverse", "command-r", "cohere2",
+             "olmo", "arctic", "deepseek", "deepseek2", "granite", "granitemoe", "chatglm", "glm4", "exaone"}
+ROPE_NEOX = {"gemma", "gemma2", "gemma3", "qwen", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi2", "phi3",
+             "stablelm", "starcoder2", "olmo2", "falcon", "gptneox", "nemotron", "exaone4"}
+
+
+@dataclass
+class LayerCalib:
+    k_mean: np.ndarray    # (n_head_kv * d_k,) float32
+    k_scale: np.ndarray   # (n_head_kv * d_k,) float32, > 0
+    v_mean: np.ndarray    # (n_head_kv * d_v,) float32
+    alpha: float
+    kl: dict[float, float]   # calibration attention KL (Q4_0 proxy) per alpha
+    kl_raw: float            # the same without calibration
+
+
+def run_dump(model: Path, text: Path, out_dir: Path, *, chunks: int, ctx: int, threads: int) -> Path:
+    """Q, K, V of every layer on `chunks` x `ctx` tokens of `text` (native gguftool-kvdump, f16 cache)."""
+    from ..native import tools
+    exe = tools.tool("gguftool-kvdump")
+    cmd = [str(exe), str(out_dir), "-m", str(model), "-f", str(text), "-c", str(ctx), "--chunks", str(chunks),
+           "-t", str(threads), "-ctk", "f16", "-ctv", "f16", "-fa", "on"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not (out_dir / "manifest.json").is_file():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise GgufToolError(f"gguftool-kvdump failed on {model} with {text}: {' | '.join(tail)}",
+                            "check that the model loads in llama.cpp and that the text holds at least one chunk")
+    return out_dir
+
+
+def load_dump(d: Path) -> tuple[dict[int, dict[str, np.ndarray]], int]:
+    """{layer: {"Q": (T, Hq, d), "K": (T, Hkv, d), "V": (T, Hkv, dv)}}, n_ctx."""
+    man = json.loads((d / "manifest.json").read_text())
+    layers: dict[int, dict[str, np.ndarray]] = {}
+    for name, (t, h, dim) in man["tensors"].items():
+        kind, il = name.split("-")
+        a = np.fromfile(d / f"{name}.f32", dtype=np.float32)
+        if a.size != t * h * dim:
+            raise GgufToolError(f"{d / name}.f32 holds {a.size} floats, the manifest says {t}x{h}x{dim}")
+        layers.setdefault(int(il), {})[kind[0]] = a.reshape(t, h, dim)
+    return layers, int(man["n_ctx"])
+
+
+def hadamard(n: int) -> np.ndarray:
+    """Orthonormal Sylvester Hadamard matrix (n a power of two)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def upstream_rotation(head_dim: int) -> int:
+    """The Hadamard size llama.cpp rotates K with: the largest power of two >= 64 dividing the head."""
+    if head_dim % 64:
+        return 0
+    n = 64
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _rotate(x: np.ndarray, n: int) -> np.ndarray:
+    if not n:
+        return x
+    t, h, d = x.shape
+    return (x.reshape(t, h, d // n, n) @ hadamard(n)).reshape(t, h, d)
+
+
+def _q4_0(x: np.ndarray) -> np.ndarray:
+    t = GGMLQuantizationType.Q4_0
+    flat = x.reshape(x.shape[0], -1).astype(np.float32)
+    return gq.dequantize(gq.quantize(flat, t), t).reshape(x.shape)
+
+
+def attention_kl(q: np.ndarray, k: np.ndarray, q_hat: np.ndarray, k_hat: np.ndarray, n_ctx: int,
+                 max_queries: int = 256) -> float:
+    """Mean KL(p || p_hat) of causal attention rows within each chunk of n_ctx tokens: p from the
+    exact q.k, p_hat from what the cache gives (q_hat . k_hat)."""
+    t, hq, d = q.shape
+    g = hq // k.shape[1]
+    mask = np.triu(np.full((n_ctx, n_ctx), -np.inf), 1)
+    rows = slice(n_ctx - max_queries, n_ctx)  # the longest rows: late queries see most keys
+    total, count = 0.0, 0
+    for c0 in range(0, t - n_ctx + 1, n_ctx):
+        for h in range(hq):
+            qq = q[c0:c0 + n_ctx, h][rows].astype(np.float64)
+            s = qq @ k[c0:c0 + n_ctx, h // g].T.astype(np.float64) / np.sqrt(d) + mask[rows]
+            qh = q_hat[c0:c0 + n_ctx, h][rows].astype(np.float64)
+            sh = qh @ k_hat[c0:c0 + n_ctx, h // g].T.astype(np.float64) / np.sqrt(d) + mask[rows]
+            s -= s.max(1, keepdims=True)
+            sh -= sh.max(1, keepdims=True)
+            lp = s - np.log(np.exp(s).sum(1, keepdims=True))
+            lph = sh - np.log(np.exp(sh).sum(1, keepdims=True))
+            p = np.exp(lp)
+            seen = p > 0   # masked keys: p = 0 and both logs -inf
+            total += float((p[seen] * (lp[seen] - lph[seen])).sum())
+            count += qq.shape[0]
+    return total / max(count, 1)
+
+
+def _pair_energy(e: np.ndarray, rope: str) -> np.ndarray:
+    """Per-channel energies (Hkv, d) summed over RoPE pairs, returned per channel again."""
+    d = e.shape[1]
+    if rope == "neox":
+        p = e[:, : d // 2] + e[:, d // 2:]
+        return np.concatenate([p, p], 1)
+    p = e[:, 0::2] + e[:, 1::2]
+    return np.repeat(p, 2, 1)
+
+
+def balance(qe: np.ndarray, ke: np.ndarray, rope: str, alpha: float) -> np.ndarray:
+    """s (Hkv, d) for query energies qe (Hkv, d, summed over the group) and centred key energies ke."""
+    qp, kp = _pair_energy(qe, rope), _pair_energy(ke, rope)
+    tiny = 1e-12
+    r = (kp + tiny * kp.mean()) / (qp + tiny * qp.mean())
+    s = r ** (alpha / 4)
+    s /= np.exp(np.log(s).mean(1, keepdims=True))   # geometric mean 1 per head
+    return np.clip(s, 1 / S_LIMIT, S_LIMIT)
+
+
+def calibrate_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_ctx: int, rope: str | None) -> LayerCalib:
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    mu = k64.mean(0)
+    nu = v.astype(np.float64).mean(0)
+    kc = k64 - mu
+    qe = (q64 ** 2).reshape(t, hkv, hq // hkv, d).mean(0).sum(1)
+    ke = (kc ** 2).mean(0)
+    nrot = upstream_rotation(d)
+    # the choice of alpha is judged on the first SELECT_CHUNKS chunks (the statistics use them all)
+    sel = slice(0, min(t, SELECT_CHUNKS * n_ctx))
+    q64, k64, kc = q64[sel], k64[sel], kc[sel]
+    t = q64.shape[0]
+    qr, kr = _rotate(q64, nrot), _rotate(k64, nrot)
+    kl_raw = attention_kl(qr, kr, qr, _q4_0(kr), n_ctx)
+    kls: dict[float, float] = {}
+    scales: dict[float, np.ndarray] = {}
+    for alpha in ALPHAS if rope else (0.0,):
+        s = balance(qe, ke, rope or "norm", alpha) if alpha else np.ones((hkv, d))
+        k_store = _rotate(kc / s, nrot)
+        q_store = _rotate((q64.reshape(t, hkv, hq // hkv, d) * s[None, :, None, :]).reshape(t, hq, d), nrot)
+        kls[alpha] = attention_kl(qr, kr, q_store, _q4_0(k_store), n_ctx)
+        scales[alpha] = s
+    best = min(kls, key=kls.get)
+    return LayerCalib(mu.reshape(-1).astype(np.float32), scales[best].reshape(-1).astype(np.float32),
+                      nu.reshape(-1).astype(np.float32), best, kls, kl_raw)
+
+
+def rope_kind(arch: str) -> str | None:
+    return "norm" if arch in ROPE_NORM else "neox" if arch in ROPE_NEOX else None
+
+
+def calibrate(layers: dict[int, dict[str, np.ndarray]], n_ctx: int, arch: str, progress=None) -> dict[int, LayerCalib]:
+    rope = rope_kind(arch)
+    out = {}
+    for il in sorted(layers):
+        L = layers[il]
+        if not {"Q", "K", "V"} <= L.keys():
+            raise GgufToolError(f"the attention dump lacks Q, K or V of layer {il}")
+        out[il] = calibrate_layer(L["Q"], L["K"], L["V"], n_ctx, rope)
+        if progress:
+            progress.update(1)
+    return out
+
+
+def metadata(calib: dict[int, LayerCalib], text_name: str, tokens: int) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+    """(key, value, type, sub_type) of everything the runtime and the record need."""
+    A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
+    items: list[tuple[str, object, GGUFValueType, GGUFValueType | None]] = [
+        (META + "version", VERSION, GGUFValueType.UINT32, None),
+        (META + "text", text_name, GGUFValueType.STRING, None),
+        (META + "tokens", tokens, GGUFValueType.UINT32, None),
+    ]
+    for il, c in sorted(calib.items()):
+        pre = f"{META}blk.{il}."
+        items += [(pre + "k_mean", c.k_mean.tolist(), A, F), (pre + "k_scale", c.k_scale.tolist(), A, F),
+                  (pre + "v_mean", c.v_mean.tolist(), A, F)]
+    return items
+
+
+def write(src_path: Path, out_path: Path, items, record: dict[str, str]) -> None:
+    """`src_path` with the calibration keys added (tensors byte for byte), via a temporary file."""
+    from ..io.reader import GGUFFile
+    from ..io.writer import StreamingWriter, check_output_path
+    check_output_path(out_path, [src_path])
+    src = GGUFFile(src_path)
+    w = StreamingWriter(out_path, src.architecture)
+    w.copy_metadata(src, skip_prefixes=(META,))
+    for key, value, vtype, sub in items:
+        w.add(key, value, vtype, sub)
+    w.add_tool_record(record)
+    for t in src.tensors:
+        w.add_tensor_info(t.name, t.shape, t.type)
+    with w.session():
+        w.begin()
+        for t in src.tensors:
+            w.write(t.raw_rows())
+            src.release(t)
+        w.commit()
+
+
+def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, threads: int = 2) -> dict[int, LayerCalib]:
+    """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate`."""
+    from ..io.reader import GGUFFile
+    from .progress import bar
+    arch = GGUFFile(model).architecture
+    with tempfile.TemporaryDirectory(prefix="gguftool-kvdump-") as tmp:
+        run_dump(model, text, Path(tmp), chunks=chunks, ctx=ctx, threads=threads)
+        layers, n_ctx = load_dump(Path(tmp))
+    tokens = next(iter(layers.values()))["K"].shape[0]
+    with bar(len(layers), f"kv-calibrate {model.name}", unit="layer") as pb:
+        calib = calibrate(layers, n_ctx, arch, pb)
+    write(model, out, metadata(calib, text.name, tokens), {"kv_calib.source": model.name})
+    return calib

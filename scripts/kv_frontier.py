@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""KV-cache frontier: PPL and mean KLD against the f16-cache logits, per K/V configuration.
+
+Every configuration runs through the same native llama-perplexity, model, text and settings; the
+peer is the f16/f16 cache of the same run (its logits are the KLD base). A configuration is
+K/V cache types, `cal:` in front runs the calibrated file (`gguftool kv-calibrate`) instead.
+
+    python scripts/kv_frontier.py --model smol.gguf --calibrated smol-cal.gguf \\
+        --text /work/shared/data/emma.txt --chunks 40 \\
+        --configs q8_0/q8_0,q4_0/q4_0,cal:q4_0/q4_0,cal:tq3_0/tq3_0 --json out.json [--plot out.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FLOAT = r"([0-9.]+|nan|inf)"
+PPL_RE = re.compile(rf"Mean PPL\(Q\)\s*:\s*{FLOAT}")
+PPL_BASE_RE = re.compile(rf"Final estimate: PPL = {FLOAT}")
+KLD_RE = re.compile(rf"Mean\s+KLD:\s*{FLOAT}")
+
+
+def bits(name: str) -> float:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguftool import types
+    t = types.lookup(name)
+    if t is not None:
+        return t.bpw
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
+    return 8.0 * size / block
+
+
+def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: list[str]) -> tuple[str, float]:
+    cmd = [binary, "-m", model, "-f", text, "-c", str(a.ctx), "-b", str(a.ctx), "--chunks", str(a.chunks),
+           "-t", str(a.threads), "-fa", "on", "-ctk", k, "-ctv", v, *extra]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-800:]}")
+    return r.stdout + r.stderr, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--calibrated", default=None, help="the same model after gguftool kv-calibrate")
+    ap.add_argument("--text", required=True)
+    ap.add_argument("--configs", default="q8_0/q8_0,q4_0/q4_0")
+    ap.add_argument("--chunks", type=int, default=40)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--base", default=None, help="KLD base file (default: <json or model>.f16.kld, made if absent)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG of mean KLD against bits per value")
+    a = ap.parse_args()
+    from gguftool.native import tools
+    binary = str(tools.tool("llama-perplexity"))
+    base = a.base or (str(a.json or a.model) + f".{Path(a.text).stem}.{a.chunks}x{a.ctx}.f16.kld")
+    rows = []
+    side = Path(base + ".json")   # the f16 run's perplexity, kept beside its logits
+    if Path(base).is_file() and side.is_file():
+        f16 = json.loads(side.read_text())
+        f16_ppl, sec = f16["ppl"], f16["seconds"]
+    else:
+        out, sec = perplexity(binary, a.model, a.text, "f16", "f16", a, ["--kl-divergence-base", base + ".tmp"])
+        os.replace(base + ".tmp", base)
+        f16_ppl = float(PPL_BASE_RE.search(out).group(1))
+        side.write_text(json.dumps({"ppl": f16_ppl, "seconds": round(sec, 1)}))
+    rows.append({"config": "f16/f16", "bits": 16.0, "ppl": f16_ppl, "kld": 0.0, "seconds": round(sec, 1)})
+    print(f"{'config':24s} {'bits/value':>10s} {'PPL':>9s} {'dPPL':>8s} {'mean KLD':>10s}", flush=True)
+    print(f"{'f16/f16':24s} {16.0:10.3f} {f16_ppl:9.4f} {0.0:+7.2f}% {0.0:10.6f}", flush=True)
+    for cfg in a.configs.split(","):
+        cal = cfg.startswith("cal:")
+        k, v = cfg.removeprefix("cal:").split("/")
+        model = a.calibrated if cal else a.model
+        if cal and not model:
+            raise SystemExit(f"{cfg}: give --calibrated")
+        out, sec = perplexity(binary, model, a.text, k, v, a, ["--kl-divergence-base", base, "--kl-divergence"])
+        ppl, kld = PPL_RE.search(out), KLD_RE.search(out)
+        if not ppl or not kld:
+            raise SystemExit(f"{cfg}: no PPL/KLD in the output:\n{out[-800:]}")
+        row = {"config": cfg, "bits": (bits(k) + bits(v)) / 2, "ppl": float(ppl.group(1)),
+               "kld": float(kld.group(1)), "seconds": round(sec, 1)}
+        rows.append(row)
+        print(f"{cfg:24s} {row['bits']:10.3f} {row['ppl']:9.4f} {100 * (row['ppl'] / f16_ppl - 1):+7.2f}% "
+              f"{row['kld']:10.6f}", flush=True)
+    res = {"model": a.model, "calibrated": a.calibrated, "text": a.text, "chunks": a.chunks, "ctx": a.ctx, "rows": rows}
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in rows[1:]:
+            ours = r["config"].startswith("cal:")
+            ax.scatter(r["bits"], r["kld"], c="tab:red" if ours else "tab:blue", marker="o" if ours else "s")
+            ax.annotate(r["config"], (r["bits"], r["kld"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel("bits per value (mean of K and V)")
+        ax.set_ylabel("mean KLD vs f16 cache")
+        ax.set_title(f"{Path(a.model).name}: {Path(a.text).name}, {a.chunks} x {a.ctx}")
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
