@@ -28,6 +28,7 @@ KLD_RE = re.compile(rf"Mean\s+KLD:\s*{FLOAT}")
 
 def bits(name: str) -> float:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     from gguftool import types
     t = types.lookup(name)
     if t is not None:

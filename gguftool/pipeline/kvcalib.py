@@ -201,10 +201,13 @@ def calibrate(layers: dict[int, dict[str, np.ndarray]], n_ctx: int, arch: str, p
     return out
 
 
-def metadata(calib: dict[int, LayerCalib], text_name: str, tokens: int) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
+MetaItem = tuple[str, object, GGUFValueType, "GGUFValueType | None"]
+
+
+def metadata(calib: dict[int, LayerCalib], text_name: str, tokens: int) -> list[MetaItem]:
     """(key, value, type, sub_type) of everything the runtime and the record need."""
     A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
-    items: list[tuple[str, object, GGUFValueType, GGUFValueType | None]] = [
+    items: list[MetaItem] = [
         (META + "version", VERSION, GGUFValueType.UINT32, None),
         (META + "text", text_name, GGUFValueType.STRING, None),
         (META + "tokens", tokens, GGUFValueType.UINT32, None),

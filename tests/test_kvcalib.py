@@ -1,0 +1,83 @@
+"""KV calibration: the transform is attention-neutral (numpy and the native build) and lowers the error."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from gguftool.pipeline import kvcalib
+
+
+def _qk(rng, t=512, hq=4, hkv=2, d=64):
+    q = rng.standard_normal((t, hq, d)) * rng.uniform(0.2, 3, d)
+    k = rng.standard_normal((t, hkv, d)) * rng.uniform(0.2, 3, d) + rng.standard_normal(d) * 4
+    return q, k
+
+
+def test_transform_leaves_attention_unchanged_and_balance_lowers_the_product():
+    rng = np.random.default_rng(0)
+    q, k = _qk(rng)
+    hkv, g, d = 2, 2, 64
+    mu = k.mean(0)
+    qe = (q ** 2).reshape(-1, hkv, g, d).mean(0).sum(1)
+    ke = ((k - mu) ** 2).mean(0)
+    for rope in ("norm", "neox"):
+        s = kvcalib.balance(qe, ke, rope, 1.0)
+        pairs = (s[:, 0::2], s[:, 1::2]) if rope == "norm" else (s[:, : d // 2], s[:, d // 2:])
+        assert np.array_equal(*pairs)   # RoPE partners share the scale: a K shift stays exact
+        qs = (q.reshape(-1, hkv, g, d) * s[None, :, None]).reshape(q.shape)
+        ks = (k - mu) / s
+        assert kvcalib.attention_kl(q, k, qs, ks, 512) < 1e-12
+        before = (q ** 2).sum(-1).mean() * ((k - mu) ** 2).sum(-1).mean()
+        after = (qs ** 2).sum(-1).mean() * (ks ** 2).sum(-1).mean()
+        assert after < before
+    # keys divided by s without the query multiplied by it are not neutral
+    assert kvcalib.attention_kl(q, k, q, ks, 512) > 1e-3
+
+
+def test_calibrated_layer_beats_raw_on_the_q4_0_proxy():
+    rng = np.random.default_rng(1)
+    q, k = _qk(rng, t=1024)
+    v = rng.standard_normal((1024, 2, 64)) + 3
+    c = kvcalib.calibrate_layer(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 512, "neox")
+    assert c.kl[c.alpha] < 0.8 * c.kl_raw
+    assert np.allclose(c.v_mean.reshape(2, 64), v.mean(0), atol=1e-5)
+
+
+@pytest.mark.native
+def test_native_runtime_applies_calibration_exactly(smollm2, tmp_path):
+    """Large random means and scales in the file: with a q8_0 cache the perplexity must stay that of
+    the plain file (a missing add-back, an unscaled query or a wrong layout would wreck it)."""
+    from gguf import GGUFValueType
+
+    from gguftool.io.reader import GGUFFile
+    from gguftool.native import tools
+    try:
+        ppl_bin = tools.tool("llama-perplexity")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"native build absent: {e}")
+    src = GGUFFile(smollm2)
+    n_layer = int(src.get("llama.block_count"))
+    rng = np.random.default_rng(2)
+    A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
+    items = []
+    for il in range(n_layer):
+        s = np.repeat(rng.uniform(0.5, 2.0, 96), 2)
+        items += [(f"{kvcalib.META}blk.{il}.k_mean", (rng.standard_normal(192) * 3).tolist(), A, F),
+                  (f"{kvcalib.META}blk.{il}.k_scale", s.tolist(), A, F),
+                  (f"{kvcalib.META}blk.{il}.v_mean", (rng.standard_normal(192) * 0.5).tolist(), A, F)]
+    out = tmp_path / "cal.gguf"
+    kvcalib.write(smollm2, out, items, {})
+    text = kvcalib.__file__.replace("pipeline/kvcalib.py", "data/pride_and_prejudice.txt")
+
+    def ppl(model):
+        r = subprocess.run([str(ppl_bin), "-m", str(model), "-f", text, "-c", "256", "-b", "256", "--chunks", "3",
+                            "-t", "2", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"], capture_output=True, text=True)
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+        assert m, (r.stdout + r.stderr)[-500:]
+        return float(m.group(1))
+
+    plain, cal = ppl(smollm2), ppl(out)
+    assert abs(cal / plain - 1) < 0.01, (plain, cal)
