@@ -60,6 +60,12 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of mean KLD against bits per value")
     a = ap.parse_args()
+    # rows already in --json (same model, text, chunks) are kept and not re-run: sweeps resume and grow
+    old = {}
+    if a.json and Path(a.json).is_file():
+        prev = json.loads(Path(a.json).read_text())
+        if (prev["text"], prev["chunks"], prev["ctx"]) == (a.text, a.chunks, a.ctx):
+            old = {r["config"]: r for r in prev["rows"]}
     from gguftool.native import tools
     binary = str(tools.tool("llama-perplexity"))
     base = a.base or (str(a.json or a.model) + f".{Path(a.text).stem}.{a.chunks}x{a.ctx}.f16.kld")
@@ -76,7 +82,22 @@ def main() -> int:
     rows.append({"config": "f16/f16", "bits": 16.0, "ppl": f16_ppl, "kld": 0.0, "seconds": round(sec, 1)})
     print(f"{'config':24s} {'bits/value':>10s} {'PPL':>9s} {'dPPL':>8s} {'mean KLD':>10s}", flush=True)
     print(f"{'f16/f16':24s} {16.0:10.3f} {f16_ppl:9.4f} {0.0:+7.2f}% {0.0:10.6f}", flush=True)
-    for cfg in a.configs.split(","):
+    def save():
+        if a.json:
+            res = {"model": a.model, "calibrated": a.calibrated, "text": a.text, "chunks": a.chunks, "ctx": a.ctx,
+                   "rows": rows}
+            Path(a.json).write_text(json.dumps(res, indent=1))
+
+    configs = [c for c in a.configs.split(",") if c] + [c for c in old if c not in a.configs.split(",")]
+    for cfg in configs:
+        if cfg == "f16/f16":
+            continue
+        if cfg in old:
+            row = old[cfg]
+            rows.append(row)
+            print(f"{cfg:24s} {row['bits']:10.3f} {row['ppl']:9.4f} {100 * (row['ppl'] / f16_ppl - 1):+7.2f}% "
+                  f"{row['kld']:10.6f}  (kept)", flush=True)
+            continue
         cal = cfg.startswith("cal:")
         k, v = cfg.removeprefix("cal:").split("/")
         model = a.calibrated if cal else a.model
@@ -89,11 +110,10 @@ def main() -> int:
         row = {"config": cfg, "bits": (bits(k) + bits(v)) / 2, "ppl": float(ppl.group(1)),
                "kld": float(kld.group(1)), "seconds": round(sec, 1)}
         rows.append(row)
+        save()
         print(f"{cfg:24s} {row['bits']:10.3f} {row['ppl']:9.4f} {100 * (row['ppl'] / f16_ppl - 1):+7.2f}% "
               f"{row['kld']:10.6f}", flush=True)
-    res = {"model": a.model, "calibrated": a.calibrated, "text": a.text, "chunks": a.chunks, "ctx": a.ctx, "rows": rows}
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    save()
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
