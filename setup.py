@@ -1,8 +1,7 @@
-"""Builds one extension per kernel family: gguftool/_fast/_NAME.pyx + gguftool/_fast/gqt_NAME*.c.
+"""Builds one extension per kernel family: gguftool/_fast/_NAME.pyx + gguftool/_fast/gqt_NAME.c (+ gqt_NAME_simd.c).
 
 The C files are the same ones the native llama.cpp build compiles. Portable flags only: SIMD
 paths are compiled in the native build, never in the wheel (no -march=native here)."""
-from glob import glob
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,8 @@ FAST = Path("gguftool/_fast")
 extensions = [
     Extension(
         f"gguftool._fast.{pyx.stem}",
-        sources=[str(pyx), *sorted(glob(str(FAST / f"gqt{pyx.stem}*.c")))],
+        # gqt_NAME.c and its gqt_NAME_simd.c, not another family's gqt_NAME_*.c (tq3 vs tq3_1)
+        sources=[str(pyx), *(str(p) for p in (FAST / f"gqt{pyx.stem}.c", FAST / f"gqt{pyx.stem}_simd.c") if p.is_file())],
         include_dirs=[str(FAST), np.get_include()],
         extra_compile_args=["-O2", "-std=c99", "-fno-fast-math", "-ffp-contract=off"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -92,6 +92,10 @@ CUSTOM_TYPES: tuple[CustomType, ...] = (
     CustomType("TQ3_0", 514, 32, 14, 1,
                "fp16 scale, 12 B of 3-bit Lloyd-Max indices of the sign-flipped Walsh-Hadamard rotated block",
                family="tq3", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0"),
+    CustomType("TQ3_1", 515, 32, 14, 1,
+               "fp16 scale, 4 B of index bit 2, 8 B of index bits 0-1; x = d * L[idx], L the integer 3-bit "
+               "Lloyd-Max levels; no rotation of its own (for caches llama.cpp rotates head-wide)",
+               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0"),
 )
 RETIRED: tuple[CustomType, ...] = ()  # never reuse these ids
 

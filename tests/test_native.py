@@ -61,9 +61,11 @@ def _weights(rng: np.random.Generator, rows: int = 12, n: int = 512) -> np.ndarr
 
 
 def _python_codec(name: str):
-    from gguftool.quant import hqq, tq3
+    from gguftool.quant import hqq, tq3, tq3_1
     if name == "TQ3_0":
         return tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref, tq3.quantize_tq3
+    if name == "TQ3_1":
+        return tq3_1.quantize_tq3_1_ref, tq3_1.dequantize_tq3_1_ref, tq3_1.quantize_tq3_1
     return (lambda x: hqq.quantize_hqq_ref(x, name), lambda d: hqq.dequantize_hqq_ref(d, name),
             lambda x: hqq.quantize_hqq(x, name))
 
@@ -102,7 +104,9 @@ def test_quantize_bytes_match_python(native, name, tmp_path, rng):
 @pytest.mark.parametrize("name", OURS)
 @pytest.mark.parametrize("n", [128, 256, 4096])
 def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
-    from gguftool.quant import hqq, tq3
+    from gguftool.quant import hqq, tq3, tq3_1
+    twins = {"TQ3_0": (tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref),
+             "TQ3_1": (tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref)}
     for trial in range(3):
         x = (rng.standard_normal(n) * 0.05 + (0.01 if trial == 1 else 0.0)).astype(np.float32)
         y = rng.standard_normal(n).astype(np.float32) * np.float32(3.0)
@@ -112,15 +116,16 @@ def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
         simd, ref, exact = map(float, check(native, "dot", name.lower(), str(n), str(fx), str(fy),
                                             str(qx), str(qy)).split())
         xq, yq = np.fromfile(qx, np.uint8), np.fromfile(qy, np.uint8)
-        if name == "TQ3_0":
-            dx = tq3.dequantize_tq3_ref(xq.reshape(1, -1)).reshape(-1)
+        if name in twins:
+            deq, dot = twins[name]
+            dx = deq(xq.reshape(1, -1)).reshape(-1)
             # the scalar kernel equals its numpy twin, and the SIMD paths give the same bits
-            assert np.float32(ref) == tq3.vec_dot_tq3_q8_0_ref(xq.reshape(1, -1), yq.reshape(1, -1))[0]
+            assert np.float32(ref) == dot(xq.reshape(1, -1), yq.reshape(1, -1))[0]
             assert simd == ref
         else:
             dx = hqq.dequantize_hqq_ref(xq.reshape(1, -1), name).reshape(-1)
             assert np.float32(ref) == hqq.vec_dot_q8_1_ref(xq, yq, name)      # C ref == numpy twin
-        yb = yq.reshape(-1, 34 if name == "TQ3_0" else 36)
+        yb = yq.reshape(-1, 34 if gtypes.BY_NAME[name].vec_dot_type == "Q8_0" else 36)
         dy = (yb[:, 0:2].copy().view(np.float16).astype(np.float64)
               * yb[:, -32:].view(np.int8).astype(np.float64)).reshape(-1)
         mag = float(np.abs(dx.astype(np.float64) * dy).sum())
@@ -140,7 +145,7 @@ def test_validate_row_data_checks_fp16_fields(native, name, tmp_path, rng):
     assert check(native, "validate", name.lower(), str(q)).strip() == "valid"
     t = gtypes.BY_NAME[name]
     data = np.fromfile(q, np.uint8)
-    fields = [0] if name == "TQ3_0" else [0, 2]          # scale; and zero for the HQQ types
+    fields = [2 * k for k in range(t.fp16_fields)]          # scale; and zero for the HQQ types
     for off in fields:
         bad = data.copy()
         bad[t.type_size + off: t.type_size + off + 2] = np.array([0x00, 0x7E], np.uint8)  # fp16 NaN in block 1
@@ -188,7 +193,7 @@ def test_stock_quantized_model_runs(kv_ppl):
 
 
 @pytest.mark.parametrize("k,v", [("q4_hqq", "q4_hqq"), ("tq3_0", "tq3_0"), ("tq3_0", "f16"), ("f16", "tq3_0"),
-                                 ("q4_hqq", "q8_0")])
+                                 ("q4_hqq", "q8_0"), ("tq3_1", "tq3_1")])
 def test_kv_cache_types_give_sane_perplexity(kv_ppl, k, v):
     base = kv_ppl("f16", "f16")
     ppl = kv_ppl(k, v)
@@ -203,6 +208,14 @@ def test_tq3_k_cache_in_range_of_v_cache(kv_ppl):
     # +2-3% for V), but the same order: the community K-cache bug (RMS scale, zero blocks forced
     # to 1) gave perplexities in the hundreds, 10x the V-only run
     assert k_only < 1.25 * v_only and k_only < 1.25 * base, (k_only, v_only, base)
+
+
+def test_tq3_1_leans_on_the_upstream_rotation(kv_ppl):
+    """TQ3_1 is TQ3_0 without the per-block Hadamard: behind llama.cpp's head-wide rotation it must
+    cost no more than TQ3_0 does; without that rotation (raw keys, outlier channels) it is worse."""
+    rot, tq3 = kv_ppl("tq3_1", "tq3_1"), kv_ppl("tq3_0", "tq3_0")
+    assert rot <= 1.03 * tq3, (rot, tq3)
+    assert kv_ppl("tq3_1", "tq3_1", rot=False) > rot
 
 
 def test_quantized_v_turns_flash_attention_on(native, smollm2):

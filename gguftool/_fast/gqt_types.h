@@ -22,14 +22,22 @@
 #define GQT_TQ3_0_LAYOUT 1
 #define GQT_TQ3_0_BITS 3
 
-#define GQT_TYPE_MAX 514
+/* TQ3_1: fp16 scale, 4 B of index bit 2, 8 B of index bits 0-1; x = d * L[idx], L the integer 3-bit Lloyd-Max levels; no rotation of its own (for caches llama.cpp rotates head-wide) */
+#define GQT_TYPE_TQ3_1 515
+#define GQT_TQ3_1_BLOCK 32
+#define GQT_TQ3_1_BYTES 14
+#define GQT_TQ3_1_LAYOUT 1
+#define GQT_TQ3_1_BITS 3
+
+#define GQT_TYPE_MAX 515
 
 /* Every type, for code that treats each the same way: X(NAME, name, vec_dot type name). Each has
  * gqt_vec_dot_<name>_<vec_dot type> (the build's best path) and a portable _ref twin. */
 #define GQT_FOR_EACH_TYPE(X) \
     X(Q4_HQQ, q4_hqq, q8_1) \
     X(Q4_HQQ_128, q4_hqq_128, q8_1) \
-    X(TQ3_0, tq3_0, q8_0)
+    X(TQ3_0, tq3_0, q8_0) \
+    X(TQ3_1, tq3_1, q8_0)
 
 /* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block, bits per code). */
 #define GQT_HQQ_TARGET_Q4_1 3

@@ -23,6 +23,7 @@
 #include "ggml-cpu.h"
 #include "gqt_hqq.h"
 #include "gqt_tq3.h"
+#include "gqt_tq3_1.h"
 
 #include <stdio.h>
 #include <stdlib.h>

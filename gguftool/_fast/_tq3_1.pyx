@@ -1,0 +1,56 @@
+# cython: boundscheck=False, wraparound=False
+"""Thin wrapper over gqt_tq3_1.c: buffers in, buffers out, GIL released. Checks live in gguftool.quant.tq3_1."""
+from libc.stdint cimport int64_t, uint8_t
+
+cdef extern from "gqt_tq3_1.h" nogil:
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE
+    int GQT_TQ3_1_BYTES, GQT_TQ3_1_REFINE_PASSES
+    double GQT_TQ3_1_UNIT
+    const signed char gqt_tq3_1_levels[8]
+    void gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k)
+    int gqt_tq3_1_quantize_rows(const float * src, void * dst, int64_t nrows, int64_t n_per_row)
+    void gqt_vec_dot_tq3_1_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc)
+
+OK = GQT_OK
+ERR_NONFINITE = GQT_ERR_NONFINITE
+ERR_SHAPE = GQT_ERR_SHAPE
+REFINE_PASSES = GQT_TQ3_1_REFINE_PASSES
+UNIT = GQT_TQ3_1_UNIT
+LEVELS = tuple(gqt_tq3_1_levels[k] for k in range(8))
+
+
+def quantize_rows(const float[:, ::1] src, uint8_t[:, ::1] dst):
+    """gqt_tq3_1_quantize_rows over a C-contiguous float32 matrix; returns the GQT_* code."""
+    cdef int rc
+    cdef int64_t nrows = src.shape[0], n = src.shape[1]
+    if dst.shape[0] != nrows or dst.shape[1] != n // 32 * GQT_TQ3_1_BYTES:
+        raise ValueError("dst shape does not match src")
+    if nrows == 0:
+        return GQT_OK
+    with nogil:
+        rc = gqt_tq3_1_quantize_rows(&src[0, 0], &dst[0, 0], nrows, n)
+    return rc
+
+
+def dequantize_rows(const uint8_t[:, ::1] src, float[:, ::1] dst):
+    cdef int64_t r, nrows = dst.shape[0], n = dst.shape[1]
+    if src.shape[0] != nrows or src.shape[1] != n // 32 * GQT_TQ3_1_BYTES:
+        raise ValueError("src shape does not match dst")
+    if nrows == 0 or n == 0:
+        return
+    with nogil:
+        for r in range(nrows):
+            gqt_dequantize_row_tq3_1(&src[r, 0], &dst[r, 0], n)
+
+
+def vec_dot_rows(const uint8_t[:, ::1] x, const uint8_t[:, ::1] y, float[::1] out):
+    """out[r] = gqt_vec_dot_tq3_1_q8_0(row r of x (TQ3_1), row r of y (Q8_0))."""
+    cdef int64_t r, nrows = x.shape[0]
+    cdef int n = x.shape[1] // GQT_TQ3_1_BYTES * 32
+    if y.shape[0] != nrows or out.shape[0] != nrows or y.shape[1] != n // 32 * 34:
+        raise ValueError("x, y and out do not match")
+    if nrows == 0 or n == 0:
+        return
+    with nogil:
+        for r in range(nrows):
+            gqt_vec_dot_tq3_1_q8_0(n, &out[r], 0, &x[r, 0], 0, &y[r, 0], 0, 1)

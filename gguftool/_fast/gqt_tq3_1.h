@@ -1,0 +1,54 @@
+/* TQ3_1: 3.5-bit Lloyd-Max type without a rotation of its own, for KV caches that llama.cpp already
+ * rotates head-wide (its graph multiplies Q, K and V by a Walsh-Hadamard matrix whenever the cache
+ * type is quantized). TQ3_0 rotates every 32-value block again, which costs a transform on every
+ * read; TQ3_1 decodes by table look-up and its dot with Q8_0 is an integer dot. See docs/kv.md.
+ *
+ * Block (14 bytes, little-endian):
+ *   bytes 0..1   d: fp16 scale
+ *   bytes 2..5   qh: bit j of this 32-bit word is bit 2 of value j's index
+ *   bytes 6..13  qs: byte j holds bits 0..1 of the indices of values j, j+8, j+16, j+24 (bits 0-1, 2-3, 4-5, 6-7)
+ * Decode: x_j = d * L[idx_j], L = {-127, -81, -46, -15, 15, 46, 81, 127}: TQ3_0's 3-bit Lloyd-Max
+ *   codebook (a unit-variance coordinate of a rotated 32-vector) times 127/2.0719, rounded (MSE +0.1%).
+ * Encode: indices nearest to x / d for d = rms(x) / (127/2.0719), then GQT_TQ3_1_REFINE_PASSES Lloyd
+ *   passes against the fp16 least-squares scale; stored d is the norm-preserving ||x|| / ||L[idx]||
+ *   (TQ3_0's measured choice for the K cache). A zero block is 14 zero bytes; a block holding NaN/Inf
+ *   gets a NaN scale.
+ *
+ * Bit-identical to the numpy twin (gguftool/quant/tq3_1.py) on every target: integer dots, one float
+ * multiply per value or block, no FMA contraction. C99; AVX2 and arm64 NEON paths give the same bits. */
+#pragma once
+#include "gqt_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    gqt_fp16 d;       /* scale: x = d * L[idx] */
+    uint8_t  qh[4];   /* bit 2 of each index */
+    uint8_t  qs[8];   /* bits 0..1 of each index, 4 values per byte */
+} gqt_block_tq3_1;
+
+#define GQT_TQ3_1_REFINE_PASSES 2
+#define GQT_TQ3_1_UNIT (127.0 / 2.071926058278797)  /* codebook units per standard deviation (TQ3_0's top centroid) */
+
+GQT_STATIC_ASSERT(tq3_1_block, sizeof(gqt_block_tq3_1) == GQT_TQ3_1_BYTES && GQT_TQ3_1_BLOCK == 32);
+
+/* the codebook, index k -> level (ascending) */
+static const int8_t gqt_tq3_1_levels[8] = {-127, -81, -46, -15, 15, 46, 81, 127};
+
+/* ggml type-trait signatures (the native build registers these). k, n_per_row, n: multiples of 32. */
+void   gqt_quantize_row_tq3_1_ref(const float * x, void * y, int64_t k);   /* non-finite block -> NaN scale */
+void   gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k);
+size_t gqt_quantize_tq3_1(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix); /* imatrix ignored */
+/* *s = sum of n products of a TQ3_1 row (vx) and a ggml block_q8_0 row (vy); nrc must be 1. */
+void   gqt_vec_dot_tq3_1_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+void   gqt_vec_dot_tq3_1_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
+
+/* Checked entry point for gguftool: GQT_ERR_SHAPE if n_per_row % 32, GQT_ERR_NONFINITE if any
+ * input is NaN/Inf (then nothing is written), else GQT_OK. */
+int    gqt_tq3_1_quantize_rows(const float * src, void * dst, int64_t nrows, int64_t n_per_row);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,206 @@
+"""TQ3_1: 3-bit Lloyd-Max levels per 32-value block, no rotation of its own.
+
+For KV caches: llama.cpp already rotates Q, K and V head-wide (a Walsh-Hadamard matrix in the graph)
+whenever the cache type is quantized, so the values a cache row holds are near-Gaussian and TQ3_0's
+second, per-block rotation buys nothing but a transform on every read. TQ3_1 keeps TQ3_0's codebook
+and scale rule on the values as they come:
+
+    idx = nearest level of x / d0, d0 = rms(x) / UNIT, then 2 Lloyd passes against the fp16
+          least-squares scale <x, L[idx]> / <L[idx], L[idx]>
+    d = ||x|| / ||L[idx]||   (norm-preserving, stored as fp16)
+    x_hat = d * L[idx],  L = (-127, -81, -46, -15, 15, 46, 81, 127)
+
+L is TQ3_0's Lloyd-Max codebook times 127 / 2.0719, rounded: the decoder looks levels up in a table
+and the dot with a Q8_0 row is an integer dot (one multiply per block). The C kernels
+(gguftool/_fast/gqt_tq3_1.c) do the work; the `_ref` functions are numpy twins with identical bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._fast import _tq3_1
+from ..errors import GgufToolError
+from ..types import BY_NAME
+from . import register
+from .parallel import map_rows
+
+TYPE = BY_NAME["TQ3_1"]
+QK = TYPE.block_size          # 32
+BLOCK_BYTES = TYPE.type_size  # 14
+REFINE_PASSES = _tq3_1.REFINE_PASSES
+UNIT = _tq3_1.UNIT            # levels per standard deviation: 127 / 2.0719...
+LEVELS = np.array(_tq3_1.LEVELS, dtype=np.int8)
+FP16_MAX = np.float32(65504.0)
+
+_L64 = LEVELS.astype(np.float64)
+_L32 = LEVELS.astype(np.float32)
+_MID = 0.5 * (_L64[1:] + _L64[:-1])
+
+
+def _rows_f32(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    if x.ndim != 2:
+        raise GgufToolError(f"TQ3_1 quantizes a matrix of rows, got a {x.ndim}-d input")
+    if x.shape[1] % QK:
+        raise GgufToolError(f"TQ3_1 rows must hold a multiple of {QK} values, got {x.shape[1]}",
+                            hint="pad the row or pick a type whose block fits")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise GgufToolError(f"TQ3_1 quantizes floating-point data, got {x.dtype}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _nonfinite_error(x: np.ndarray) -> GgufToolError:
+    r, c = np.argwhere(~np.isfinite(x))[0]
+    return GgufToolError(f"TQ3_1 input holds NaN or Inf (first at row {r}, column {c}: {x[r, c]})",
+                         hint="check the source tensor; NaN/Inf cannot be quantized")
+
+
+def _blocks_u8(data: np.ndarray) -> np.ndarray:
+    data = np.asarray(data)
+    if data.dtype != np.uint8:
+        data = data.view(np.uint8)
+    if data.ndim == 1:
+        data = data.reshape(1, -1)
+    if data.ndim != 2 or data.shape[1] % BLOCK_BYTES:
+        raise GgufToolError(f"TQ3_1 data rows must be a multiple of {BLOCK_BYTES} bytes, got shape {data.shape}")
+    return np.ascontiguousarray(data)
+
+
+# ---------------------------------------------------------------- C path
+def quantize_tq3_1(x: np.ndarray, *, threads: int = 1) -> np.ndarray:
+    """float rows [rows, n] (n % 32 == 0) -> uint8 [rows, n / 32 * 14], C kernels, GIL released."""
+    x = _rows_f32(x)
+
+    def chunk(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((rows.shape[0], rows.shape[1] // QK * BLOCK_BYTES), dtype=np.uint8)
+        rc = _tq3_1.quantize_rows(rows, out)
+        if rc == _tq3_1.ERR_NONFINITE:
+            raise _nonfinite_error(x)
+        if rc != _tq3_1.OK:
+            raise GgufToolError(f"TQ3_1 quantization failed with code {rc}")
+        return out
+
+    return map_rows(chunk, x, threads)
+
+
+def dequantize_tq3_1(data: np.ndarray) -> np.ndarray:
+    data = _blocks_u8(data)
+    out = np.empty((data.shape[0], data.shape[1] // BLOCK_BYTES * QK), dtype=np.float32)
+    _tq3_1.dequantize_rows(data, out)
+    return out
+
+
+def vec_dot_tq3_1_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Row-wise gqt_vec_dot_tq3_1_q8_0: x TQ3_1 rows, y ggml Q8_0 rows of the same length -> float32 [rows]."""
+    x = _blocks_u8(x)
+    y = np.ascontiguousarray(np.asarray(y).view(np.uint8)).reshape(len(x), -1)
+    if y.shape[1] != x.shape[1] // BLOCK_BYTES * 34:
+        raise GgufToolError(f"vec_dot: {x.shape[1] // BLOCK_BYTES} TQ3_1 blocks per row need "
+                            f"{x.shape[1] // BLOCK_BYTES * 34} bytes of Q8_0 per row, got {y.shape[1]}")
+    out = np.empty(x.shape[0], dtype=np.float32)
+    _tq3_1.vec_dot_rows(x, y, out)
+    return out
+
+
+# ---------------------------------------------------------------- numpy twins
+def _pick(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    q = np.zeros(x.shape, dtype=np.uint8)
+    for k in range(7):
+        q += x >= (_MID[k] * d)[:, None]
+    return q
+
+
+def _moments(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    num = np.zeros(len(x))
+    den = np.zeros(len(x))
+    for j in range(QK):          # sequential, like the C loop
+        lv = _L64[idx[:, j]]
+        num = num + x[:, j] * lv
+        den = den + lv * lv
+    return num, den
+
+
+def _to_fp16(d: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = d.astype(np.float32)
+    return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
+
+
+def quantize_tq3_1_ref(x: np.ndarray) -> np.ndarray:
+    """numpy twin of quantize_tq3_1: identical bytes."""
+    x = _rows_f32(x)
+    if not np.isfinite(x).all():
+        raise _nonfinite_error(x)
+    rows = x.shape[0]
+    b = x.reshape(-1, QK).astype(np.float64)
+    n2 = np.zeros(len(b))
+    for j in range(QK):
+        n2 = n2 + b[:, j] * b[:, j]
+    nz = n2 != 0
+    with np.errstate(divide="ignore", invalid="ignore"):   # zero blocks (n2 == 0) are dropped below
+        idx = _pick(b, np.sqrt(n2 / QK) / UNIT)
+        num, den = _moments(b, idx)
+        d = _to_fp16(num / den)
+        for _ in range(REFINE_PASSES):
+            s = d.view(np.float16).astype(np.float64)
+            active = s > 0
+            idx = np.where(active[:, None], _pick(b, s), idx)
+            num, den = _moments(b, idx)
+            d = np.where(active, _to_fp16(num / den), d)
+        num, den = _moments(b, idx)
+        d = _to_fp16(np.sqrt(n2 / den))
+    keep = nz & ((d & 0x7FFF) != 0)
+    out = np.zeros((len(b), BLOCK_BYTES), dtype=np.uint8)
+    out[:, 0:2] = d.astype("<u2").view(np.uint8).reshape(-1, 2)
+    h = ((idx >> 2).astype(np.uint32) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    out[:, 2:6] = h.astype("<u4").view(np.uint8).reshape(-1, 4)
+    lo = (idx & 3).astype(np.uint8)
+    out[:, 6:14] = lo[:, 0:8] | lo[:, 8:16] << 2 | lo[:, 16:24] << 4 | lo[:, 24:32] << 6
+    out[~keep] = 0
+    return out.reshape(rows, -1)
+
+
+def _unpack(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[nb, 14] -> (fp16 scale as float32 [nb], indices uint8 [nb, 32])."""
+    d = blocks[:, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
+    h = blocks[:, 2:6].copy().view("<u4").reshape(-1, 1)
+    hi = ((h >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)
+    qs = blocks[:, 6:14]
+    lo = np.concatenate([(qs >> (2 * g)) & 3 for g in range(4)], axis=1)
+    return d, lo | hi << 2
+
+
+def dequantize_tq3_1_ref(data: np.ndarray) -> np.ndarray:
+    """numpy twin of dequantize_tq3_1: identical float32 values."""
+    data = _blocks_u8(data)
+    d, idx = _unpack(data.reshape(-1, BLOCK_BYTES))
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = d[:, None] * _L32[idx]
+    x[d == 0] = 0.0
+    return x.reshape(data.shape[0], -1)
+
+
+def vec_dot_tq3_1_q8_0_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """numpy twin of gqt_vec_dot_tq3_1_q8_0, one dot per row: identical float32 results."""
+    x = _blocks_u8(x)
+    nb = x.shape[1] // BLOCK_BYTES
+    y = np.asarray(y).view(np.uint8).reshape(len(x), nb, 34)
+    xb = x.reshape(len(x), nb, BLOCK_BYTES)
+    sumf = np.zeros(len(x), dtype=np.float32)
+    for b in range(nb):                       # blocks in order, like the C loop
+        dx, idx = _unpack(np.ascontiguousarray(xb[:, b]))
+        dy = y[:, b, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
+        isum = (LEVELS[idx].astype(np.int32) * y[:, b, 2:].view(np.int8).astype(np.int32)).sum(axis=1)
+        sumf = np.where(dx == 0, sumf, sumf + (dx * dy) * isum.astype(np.float32))
+    return sumf
+
+
+def _quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:
+    if params:
+        raise GgufToolError(f"TQ3_1 takes no parameters (got {sorted(params)})")
+    return quantize_tq3_1(x, threads=threads)
+
+
+CODEC = register(TYPE, _quantize_codec, dequantize_tq3_1)
