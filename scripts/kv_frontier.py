@@ -47,6 +47,16 @@ def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: lis
     return r.stdout + r.stderr, time.monotonic() - t0
 
 
+def record(a, rows: list[dict], f16_ppl: float) -> None:
+    from gguftool.pipeline import kvplan
+    data = json.loads(kvplan.MEASURED.read_text()) if kvplan.MEASURED.is_file() else {"models": {}}
+    data["how"] = (f"scripts/kv_frontier.py, {a.chunks} x {a.ctx} tokens of {Path(a.text).name}, flash attention, "
+                   "upstream rotation on; cal: = the file after gguftool kv-calibrate (Pride and Prejudice)")
+    data["models"][a.record] = {"f16_ppl": f16_ppl, "rows": {
+        r["config"]: {"bits": r["bits"], "ppl": r["ppl"], "kld": r["kld"]} for r in rows if r["config"] != "f16/f16"}}
+    kvplan.MEASURED.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -59,6 +69,8 @@ def main() -> int:
     ap.add_argument("--base", default=None, help="KLD base file (default: <json or model>.f16.kld, made if absent)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of mean KLD against bits per value")
+    ap.add_argument("--record", default=None, metavar="NAME",
+                    help="also store the rows under NAME in gguftool/data/kv_measured.json (what kv-plan shows)")
     a = ap.parse_args()
     # rows already in --json (same model, text, chunks) are kept and not re-run: sweeps resume and grow
     old = {}
@@ -114,15 +126,33 @@ def main() -> int:
         print(f"{cfg:24s} {row['bits']:10.3f} {row['ppl']:9.4f} {100 * (row['ppl'] / f16_ppl - 1):+7.2f}% "
               f"{row['kld']:10.6f}", flush=True)
     save()
+    if a.record:
+        record(a, rows, f16_ppl)
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        from gguftool import types
         for r in rows[1:]:
-            ours = r["config"].startswith("cal:")
+            ours = r["config"].startswith("cal:") or any(
+                types.lookup(t) for t in r["config"].removeprefix("cal:").split("/"))
             ax.scatter(r["bits"], r["kld"], c="tab:red" if ours else "tab:blue", marker="o" if ours else "s")
             ax.annotate(r["config"], (r["bits"], r["kld"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        # the stock frontier: the best KLD any stock configuration reaches at or below each size
+        stock = sorted((r["bits"], r["kld"]) for r in rows[1:] if not r["config"].startswith("cal:")
+                       and not any(types.lookup(t) for t in r["config"].split("/")))
+        front, best = [], float("inf")
+        for b, k in stock:
+            if k < best:
+                best = k
+                front.append((b, k))
+        if front:
+            ax.step([b for b, _ in front], [k for _, k in front], where="post", c="tab:blue", lw=0.8,
+                    label="stock frontier")
+        ax.scatter([], [], c="tab:blue", marker="s", label="stock llama.cpp")
+        ax.scatter([], [], c="tab:red", marker="o", label="gguftool (cal: = kv-calibrate)")
+        ax.legend(fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("bits per value (mean of K and V)")
         ax.set_ylabel("mean KLD vs f16 cache")

@@ -84,6 +84,10 @@ def test_local_isolate_matches_hand_runs(local_bins, smollm2, tmp_path):
     cells = {(c["k"], c["v"]): c for c in rec["cells"]}
     assert set(cells) == {("f16", "f16"), ("tq3_0", "f16"), ("f16", "tq3_0"), ("tq3_0", "tq3_0"), ("q4_hqq", "tq3_0")}
     assert not any(c.get("failed") for c in cells.values())
+    # the attention-score error on keys dumped from this run: f16 rounding is tiny, 3-bit K is not
+    ks = rec["k_score_error"]
+    assert set(ks["types"]) == {"f16", "tq3_0"} and ks["layers"] == 30 and not ks["calibrated"]
+    assert ks["types"]["f16"]["rel_rms"] < 2e-3 < 0.1 < ks["types"]["tq3_0"]["rel_rms"] < 0.5
     # the reference PPL, by hand: same text, chunks, context, f16 cache
     base = tmp_path / "hand.kld"
     log = hand([str(local_bins / "llama-perplexity"), "-m", str(smollm2), "-f", str(TEXT), "-c", str(CTX),

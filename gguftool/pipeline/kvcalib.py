@@ -96,7 +96,7 @@ def upstream_rotation(head_dim: int) -> int:
     return n
 
 
-def _rotate(x: np.ndarray, n: int) -> np.ndarray:
+def rotate(x: np.ndarray, n: int) -> np.ndarray:
     if not n:
         return x
     t, h, d = x.shape
@@ -169,14 +169,14 @@ def calibrate_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_ctx: int, rop
     sel = slice(0, min(t, SELECT_CHUNKS * n_ctx))
     q64, k64, kc = q64[sel], k64[sel], kc[sel]
     t = q64.shape[0]
-    qr, kr = _rotate(q64, nrot), _rotate(k64, nrot)
+    qr, kr = rotate(q64, nrot), rotate(k64, nrot)
     kl_raw = attention_kl(qr, kr, qr, _q4_0(kr), n_ctx)
     kls: dict[float, float] = {}
     scales: dict[float, np.ndarray] = {}
     for alpha in ALPHAS if rope else (0.0,):
         s = balance(qe, ke, rope or "norm", alpha) if alpha else np.ones((hkv, d))
-        k_store = _rotate(kc / s, nrot)
-        q_store = _rotate((q64.reshape(t, hkv, hq // hkv, d) * s[None, :, None, :]).reshape(t, hq, d), nrot)
+        k_store = rotate(kc / s, nrot)
+        q_store = rotate((q64.reshape(t, hkv, hq // hkv, d) * s[None, :, None, :]).reshape(t, hq, d), nrot)
         kls[alpha] = attention_kl(qr, kr, q_store, _q4_0(k_store), n_ctx)
         scales[alpha] = s
     best = min(kls, key=kls.get)

@@ -192,6 +192,24 @@ def markdown(rec: dict, images: dict) -> str:
               "the same side of the other types predicts at its bits (error ~ 4^-bits; with no other type, 5x its own "
               "other side) and above an absolute level (suspect: PPL +10 % or KLD 0.05; bug: PPL +50 % or KLD 0.25), "
               "or when its run failed; a both-sides cell is compared with the sum of its two single-side cells.", ""]
+    ks = rec.get("k_score_error")
+    if ks:
+        L += ["## Attention-score error of the K cache", ""]
+        if ks.get("skipped"):
+            L += [f"Not measured: {ks['skipped']}", ""]
+        else:
+            cal = "the file's kv-calibrate transform, " if ks["calibrated"] else ""
+            L += [f"Keys and queries of {ks['tokens']} tokens from a real run (f16 cache), put through what the cache "
+                  f"does ({cal}upstream's rotation, "
+                  "the type's quantizer); relative error = RMS of q.k_hat - q.k over the RMS spread of each query's "
+                  f"exact scores, mean over {ks['layers']} layers.", "",
+                  "| K type | relative score error | worst layer | its error | attention KL |", "|---|---|---|---|---|"]
+            for t, e in ks["types"].items():
+                if e.get("skipped"):
+                    L.append(f"| {t} | not measured: {e['skipped']} | | | |")
+                    continue
+                L.append(f"| {t} | {e['rel_rms']:.4f} | {e['worst_layer']} | {e['worst_rel_rms']:.4f} | {e['attn_kl']:.2e} |")
+            L.append("")
     perf = rec.get("perf", [])
     if any(p.get("bench") for p in perf):
         L += ["## Speed (llama-bench)", "", "| K | V | test | t/s | +/- | test | t/s | +/- |",

@@ -243,6 +243,7 @@ def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, 
             row["sustained"] = val.sustained(k, v)
         perf.append(row)
     analysis = iso.analyse([c for c in cells if c["role"] != "reference-model"]) if isolate_types else None
+    scores = _score_errors(val.model, val.text, isolate_types, settings, log) if isolate_types else None
     rec = {
         "schema": "gguftool.validate/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
@@ -256,12 +257,23 @@ def run_validation(runner: Runner, model: Path, text: Path, settings: Settings, 
         "cells": cells,
         "perf": perf,
         "isolate": analysis,
+        "k_score_error": scores,
         "runs": val.runs,
     }
     if hasattr(runner, "pushed"):
         rec["pushes"] = runner.pushed
     rec["ok"] = verdict(rec)
     return rec
+
+
+def _score_errors(model: Path, text: Path, types: list[str], s: Settings, log) -> dict:
+    """Per K type, the attention-score error on keys and queries dumped on this machine (host build)."""
+    from . import kscore
+    log(f"attention-score error of K types {', '.join(types)} on one chunk of {text.name} (host gguftool-kvdump)")
+    try:
+        return kscore.score_errors(model, text, types, ctx=s.ctx, threads=s.threads)
+    except GgufToolError as e:   # no host build (a cross-only setup), or a model the dump cannot run
+        return {"skipped": str(e)}
 
 
 def verdict(rec: dict) -> bool:
