@@ -109,7 +109,7 @@ PRODUCIBLE = STOCK_PRODUCIBLE + tuple(BY_NAME)
 # Stock layouts the HQQ solver can also fill (x = d*q + m, Q4_HQQ's math): name -> bits per code.
 HQQ_STOCK_TARGETS = {"Q4_1": 4, "Q5_1": 5}
 # Stock KV-cache types gguftool sizes and validates, most bits first (llama.cpp also takes iq4_nl).
-STOCK_CACHE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0")
+STOCK_CACHE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "IQ4_NL")
 CACHE_TYPES = tuple(n.lower() for n in STOCK_CACHE_TYPES) + tuple(t.ggml_name for t in CUSTOM_TYPES if t.kv_cache)
 
 # GGUF metadata keys under which a file records the custom types it uses.

@@ -2,13 +2,15 @@
 """Prompt-processing / generation speed of weight files and KV-cache types in the native llama-bench.
 
 Columns are (model, cache type) pairs: every model with the f16 cache, or, with --kv, the first
-model with each listed cache type for K and V (flash attention on, as quantized V needs it).
+model with each listed cache configuration: K (= V) or K/V, `cal:` in front for the --calibrated file
+(gguftool kv-calibrate), flash attention on, as quantized V needs it.
 Columns are interleaved round by round (A B C, A B C, ...) so that load from other processes
 hits all of them alike; the table reports medians over rounds and ratios to the first column
 (the peer). --depth N measures at a context already holding N tokens (llama-bench -d).
 
     python scripts/native_bench.py --models q4_1.gguf,q4_hqq.gguf,q4_0.gguf --rounds 5
     python scripts/native_bench.py --models q4_1.gguf --kv f16,q8_0,q4_0,q4_hqq,tq3_0 --depth 4096
+    python scripts/native_bench.py --models m.gguf --calibrated m-cal.gguf --kv f16,q4_0,cal:q4_0/tq3_1 --depth 1024
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def bench_once(binary: str, model: str, kv: str | None, a) -> dict:
     cmd = [binary, "-m", model, "-p", str(a.pp), "-n", str(a.tg), "-t", str(a.threads), "-r", str(a.reps),
            "-o", "json", "-fa", "1" if kv or a.fa else "0"]
     if kv:
-        cmd += ["-ctk", kv, "-ctv", kv]
+        k, _, v = kv.partition("/")
+        cmd += ["-ctk", k, "-ctv", v or k]
     if a.depth:
         cmd += ["-d", str(a.depth)]
     r = subprocess.run(cmd + a.extra.split(), capture_output=True, text=True)
@@ -40,7 +43,8 @@ def bench_once(binary: str, model: str, kv: str | None, a) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="comma separated GGUF files; the first is the peer")
-    ap.add_argument("--kv", default="", help="comma separated cache types, run on the first model (K = V)")
+    ap.add_argument("--kv", default="", help="comma separated cache configurations K or K/V, run on the first model")
+    ap.add_argument("--calibrated", default=None, help="the first model after gguftool kv-calibrate, for cal: columns")
     ap.add_argument("--depth", type=int, default=0, help="tokens already in the context (llama-bench -d)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="llama-bench -r per round")
@@ -57,7 +61,13 @@ def main() -> int:
         from gguftool.native import tools
         binary = str(tools.tool("llama-bench"))
     models = a.models.split(",")
-    cols = [(models[0], kv) for kv in a.kv.split(",")] if a.kv else [(m, None) for m in models]
+    def kv_col(kv: str) -> tuple[str, str]:
+        if kv.startswith("cal:"):
+            if not a.calibrated:
+                raise SystemExit(f"{kv}: give --calibrated")
+            return a.calibrated, kv.removeprefix("cal:")
+        return models[0], kv
+    cols = [kv_col(kv) for kv in a.kv.split(",")] if a.kv else [(m, None) for m in models]
     name = {c: Path(c[0]).name + (f" KV {c[1]}" if c[1] else "") for c in cols}
     runs: dict = {c: [] for c in cols}
     for rnd in range(a.rounds):

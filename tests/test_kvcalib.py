@@ -81,3 +81,48 @@ def test_native_runtime_applies_calibration_exactly(smollm2, tmp_path):
 
     plain, cal = ppl(smollm2), ppl(out)
     assert abs(cal / plain - 1) < 0.01, (plain, cal)
+
+
+@pytest.mark.native
+def test_recipe_kv_caches_against_f16(smollm2, tmp_path):
+    """The K/V caches the recipes recommend, on a file kv-calibrated by the CLI, against the f16 cache of
+    the same run, on text the calibration did not see (Emma; the calibration reads Pride and Prejudice)."""
+    from pathlib import Path
+
+    from gguftool.cli import main
+    from gguftool.native import tools
+    from gguftool.pipeline.recipe import load
+    try:
+        ppl_bin = tools.tool("llama-perplexity")
+        tools.tool("gguftool-kvdump")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"native build absent: {e}")
+    out = tmp_path / "cal.gguf"
+    assert main(["kv-calibrate", str(smollm2), str(out), "--chunks", "4", "--ctx", "256", "-t", "2"]) == 0
+    text = Path(__file__).parent / "data" / "native_emma_excerpt.txt"
+    base = tmp_path / "f16.kld"
+
+    def run(model, k, v, *extra):
+        r = subprocess.run([str(ppl_bin), "-m", str(model), "-f", str(text), "-c", "256", "-b", "256", "--chunks", "4",
+                            "-t", "2", "-fa", "on", "-ctk", k, "-ctv", v, *extra], capture_output=True, text=True)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0, log[-800:]
+        return log
+
+    f16 = float(re.search(r"Final estimate: PPL = ([0-9.]+)", run(smollm2, "f16", "f16",
+                                                                "--kl-divergence-base", str(base))).group(1))
+
+    def kld(model, k, v):
+        log = run(model, k, v, "--kl-divergence-base", str(base), "--kl-divergence")
+        return (float(re.search(r"Mean PPL\(Q\)\s*:\s*([0-9.]+)", log).group(1)),
+                float(re.search(r"Mean\s+KLD:\s*([0-9.]+)", log).group(1)))
+
+    _, stock = kld(smollm2, "q4_0", "q4_0")
+    got = {}
+    for name in ("phone-small", "max-compression"):
+        r = load(name)
+        assert r.kv_calibrate
+        got[name] = kld(out, r.kv["k"], r.kv["v"])
+    # 40 x 512 of Emma: phone-small's cache 0.65x stock q4_0's KLD; max-compression's (1 bit less) 2.1x
+    assert got["phone-small"][1] < 0.85 * stock, (got, stock)
+    assert got["max-compression"][1] < 3.0 * stock and got["max-compression"][0] < 1.2 * f16, (got, stock, f16)

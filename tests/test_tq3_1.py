@@ -13,6 +13,7 @@ from gguf import quants
 from gguftool.errors import GgufToolError
 from gguftool.quant import tq3, tq3_1
 from gguftool.quant import tq3_codebook as cb
+
 from .test_tq3 import _TOOLCHAINS, ROOT, _inputs, hadamard_orthonormal
 
 BYTES = tq3_1.BLOCK_BYTES

@@ -34,6 +34,8 @@ def add_plan_args(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the per-tensor plan and the size; write nothing")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format of --dry-run")
     p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--no-kv-calibrate", action="store_true",
+                   help="skip the kv-calibrate step of a recipe whose [kv] says calibrate = true")
     s = p.add_argument_group(f"HQQ solver ({HQQ_OURS}; {HQQ_STOCK} with --solver hqq)")
     s.add_argument("--solver", choices=("ref", "hqq"), help=f"for {HQQ_STOCK}: llama.cpp's reference (default) or HQQ")
     s.add_argument("--hqq-iters", type=int, help="proximal iterations (default 20)")
@@ -122,7 +124,37 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
 
     plan = execute(args, src, out, [src_path], opts, params, write,
                    refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
+    if plan is not None:
+        kv_calibrate(args, recipe, out)
     return None if plan is None else (plan, opts)
+
+
+def kv_calibrate(args, recipe, out: Path) -> None:
+    """A recipe whose KV cache types were measured on a kv-calibrated file gets the calibration in its
+    output (needs the native build; without it, a warning says how to add it later)."""
+    if recipe is None or not recipe.kv_calibrate or args.no_kv_calibrate:
+        return
+    from ..native import tools
+    from ..pipeline import kvcalib
+    from ..validate.session import default_text
+    try:
+        tools.tool("gguftool-kvdump")
+    except GgufToolError as e:
+        warn(f"recipe {recipe.name}'s KV cache ({recipe.kv.get('k')}/{recipe.kv.get('v')}) wants kv-calibrate, "
+             f"which needs the native build ({e.message}); later: gguftool native build && "
+             f"gguftool kv-calibrate {out} {out.with_suffix('')}-kv.gguf")
+        return
+    tmp = out.with_name(f".{out.name}.kv-calibrate")
+    try:
+        kvcalib.run(out, tmp, default_text(), threads=args.threads)
+        os.replace(tmp, out)
+    except GgufToolError as e:   # e.g. an encoder-only model: the weights are written, only the cache step fails
+        warn(f"{out} is written without the KV calibration of recipe {recipe.name}: {e.message}")
+        return
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"{out}: kv-calibrated on {default_text().name} for its K/V cache "
+          f"{recipe.kv.get('k')}/{recipe.kv.get('v')} (recipe {recipe.name})")
 
 
 def quiet_gguf_logs() -> None:
@@ -139,7 +171,7 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
     from ..pipeline.convert import DEFAULT_OUTTYPE, make_plan
     from ..pipeline.convert import convert as run_convert
     quiet_gguf_logs()
-    opts, params, rec, _ = options(args, default_type or DEFAULT_OUTTYPE)
+    opts, params, rec, recipe = options(args, default_type or DEFAULT_OUTTYPE)
     model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
 
     def write(plan):
@@ -147,6 +179,7 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
 
     plan = execute(args, model, out, [model_dir], opts, params, write, make_plan=make_plan)
     if plan is not None:
+        kv_calibrate(args, recipe, out)
         print(f"{out}: {model.architecture} ({model.hf_arch}), {len(plan.steps)} tensors, {size_summary(plan)} "
               f"(from {model.checkpoint.n_bytes / 2**20:.1f} MiB of safetensors), tokenizer pre {model.tokenizer_pre!r}")
     return 0

@@ -29,13 +29,15 @@ def run_list(args) -> int:
     rows = []
     for name in available():
         r = load(name)
-        rows.append({"name": r.name, "type": r.type, "kv": r.kv, "description": r.description, "path": str(r.path)})
+        rows.append({"name": r.name, "type": r.type, "kv": r.kv, "kv_calibrate": r.kv_calibrate,
+                     "description": r.description, "path": str(r.path)})
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
         kv = f"K {r['kv'].get('k', '-')} / V {r['kv'].get('v', '-')}" if r["kv"] else ""
-        print(f"{r['name']:<18}{r['type']:<12}{kv:<24}{r['description']}")
+        kv += " (calibrated)" if r["kv_calibrate"] else ""
+        print(f"{r['name']:<18}{r['type']:<12}{kv:<36}{r['description']}")
     return 0
 
 

@@ -41,6 +41,14 @@ class Shape:
     swa_window: int = 0
     n_ctx_train: int = 0
     calibrated: bool = False
+    n_vocab: int = 0
+    n_embd: int = 0
+
+    @property
+    def compute_bytes(self) -> int:
+        """llama.cpp's CPU compute buffer, approximately: one micro-batch of float logits plus activations
+        (98-99 MiB measured for SmolLM2-135M, 514 MiB for Gemma 3 270M; this gives 100 and 517)."""
+        return N_UBATCH * (self.n_vocab + 4 * self.n_embd) * 4
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Shape:
@@ -72,9 +80,11 @@ class Shape:
             elif a == "gemma3":
                 swa = sum(1 for i in range(n_layer) if (i + 1) % 6)   # llama.cpp: every 6th layer is global
         ctx_train = f.get(f"{a}.context_length")
+        emb = next((t for t in f.tensors if t.name == "token_embd.weight"), None)
+        n_vocab = emb.shape[0] if emb is not None and len(emb.shape) == 2 else 0
         return cls(n_layer, n_kv, k, v, sum(t.n_bytes for t in f.tensors), swa, window,
                    ctx_train if isinstance(ctx_train, int) and ctx_train > 0 else 0,
-                   any(key.startswith(CALIB_KEY) for key in f.fields))
+                   any(key.startswith(CALIB_KEY) for key in f.fields), n_vocab, n_embd)
 
 
 def _check(shape: Shape, type_k: str, type_v: str):
@@ -164,10 +174,11 @@ def quality_class(q: dict[str, dict]) -> str:
 
 def plan(shape: Shape, memory: int, *, ctx: int | None = None, kv_only: bool = False,
          pairs: tuple[str, ...] = DEFAULT_PAIRS, swa_full: bool = False) -> list[dict]:
-    budget = memory if kv_only else memory - shape.weights_bytes
+    budget = memory if kv_only else memory - shape.weights_bytes - shape.compute_bytes
     if budget <= 0:
-        raise GgufToolError(f"the weights alone ({shape.weights_bytes / 2**20:.1f} MiB) need more than the "
-                            f"{memory / 2**20:.1f} MiB budget", "give a larger --memory, or --kv-only for a cache-only budget")
+        raise GgufToolError(f"the weights ({shape.weights_bytes / 2**20:.1f} MiB) and compute buffers "
+                            f"(~{shape.compute_bytes / 2**20:.0f} MiB) alone need more than the {memory / 2**20:.1f} MiB "
+                            "budget", "give a larger --memory, or --kv-only for a cache-only budget")
     rows = []
     for pair in pairs:
         k, v = parse_pair(pair)

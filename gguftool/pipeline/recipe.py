@@ -14,8 +14,9 @@
     type = "Q5_1"
     solver = { solver = "hqq" }        # optional: parameters for this rule's tensors
     [kv]                               # the KV-cache types to validate with
-    k = "q4_hqq"
-    v = "tq3_0"
+    k = "tq3_1"
+    v = "tq3_1"
+    calibrate = true                   # optional: quantize/convert also run kv-calibrate on the output
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from ..quant import codec
+from ..types import CACHE_TYPES
 from .plan import Options, Rule, make_rule
 
 if sys.version_info >= (3, 11):
@@ -36,7 +38,7 @@ RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # source checkout
 TOP_KEYS = {"name", "description", "type", "output_type", "token_embedding_type", "pure", "allowed", "solver",
             "rules", "kv"}
 RULE_KEYS = {"pattern", "type", "solver"}
-KV_KEYS = {"k", "v"}
+KV_KEYS = {"k", "v", "calibrate"}
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Recipe:
     solver: dict = field(default_factory=dict)
     rules: list[Rule] = field(default_factory=list)
     kv: dict[str, str] = field(default_factory=dict)
+    kv_calibrate: bool = False
 
     def options(self, base: Options) -> Options:
         """CLI options first (they override), then the recipe's."""
@@ -132,10 +135,17 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
             raise GgufToolError(f"{rw}: needs both `pattern` and `type`")
         rules.append(make_rule(r["pattern"], _type(rw, r["type"]), r.get("solver", {}),
                                f"{rw} ({r['pattern']!r})"))
-    kv = d.get("kv", {})
+    kv = dict(d.get("kv", {})) if isinstance(d.get("kv", {}), dict) else None
+    if kv is None:
+        raise GgufToolError(f"{where}: [kv] must be a table with k, v (and calibrate)")
     _check_keys(f"{where}: [kv]", kv, KV_KEYS)
+    calibrate = kv.pop("calibrate", False)
+    if not isinstance(calibrate, bool):
+        raise GgufToolError(f"{where}: [kv] calibrate must be true or false, not {calibrate!r}")
     for side, t in kv.items():
-        _type(f"{where}: [kv] {side}", t)
+        if not isinstance(t, str) or t.lower() not in CACHE_TYPES:
+            raise GgufToolError(f"{where}: [kv] {side} = {t!r} is not a KV cache type",
+                                hint="choose from " + ", ".join(CACHE_TYPES))
     return Recipe(
         name=str(d.get("name", path.stem)), description=str(d.get("description", "")), type=_type(where, d["type"]),
         path=path, text=text,
@@ -145,4 +155,5 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
         pure=bool(d.get("pure", False)),
         allowed=[_type(f"{where}: allowed", t) for t in d.get("allowed", [])],
         solver=dict(d.get("solver", {})), rules=rules, kv={k: str(v).lower() for k, v in kv.items()},
+        kv_calibrate=calibrate,
     )
