@@ -136,6 +136,23 @@ def test_local_runner_peak_rss_matches_gnu_time(tmp_path):
     assert abs(res.peak_rss_kib - want) < 0.1 * want
 
 
+def test_local_runner_with_relative_folders(tmp_path, monkeypatch):
+    """validate's default --out is relative; the tools run inside it, so every path handed to them
+    (GNU time's output file included) must still point at the right place."""
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    tool = bins / "tool"
+    tool.write_text("#!/bin/sh\npwd\n")
+    tool.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    r = LocalRunner(Path("bins"), Path("validate-out/runs"))
+    res = r.run("tool", [], tag="rel")
+    assert res.rc == 0 and Path(res.stdout.strip()) == (tmp_path / "validate-out" / "runs").resolve()
+    if Path("/usr/bin/time").exists():
+        assert res.peak_rss_kib and res.peak_rss_kib > 0
+        assert (tmp_path / "validate-out" / "runs" / "rel.out.maxrss").is_file()
+
+
 # -- the isolation rule ---------------------------------------------------------------------------
 
 def _matrix(ppl: dict[tuple[str, str], float], base: float = 22.57) -> list[dict]:

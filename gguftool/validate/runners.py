@@ -105,8 +105,9 @@ class Runner:
     emulated = False
 
     def __init__(self, bin_dir: Path, workdir: Path, threads: int = 2):
-        self.bin_dir = Path(bin_dir)
-        self.workdir = Path(workdir)
+        # absolute: the tools run with the work folder as their current directory
+        self.bin_dir = Path(bin_dir).resolve()
+        self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.threads = threads
         self._n = 0
