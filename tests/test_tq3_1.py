@@ -78,14 +78,15 @@ def test_zero_and_nonfinite_blocks():
         tq3_1.quantize_tq3_1(np.ones((2, 48), np.float32))
 
 
-def test_mse_matches_tq3_0_behind_a_rotation():
-    """On rotated data (what llama.cpp caches) TQ3_1 equals TQ3_0's distortion, with no transform."""
+def test_mse_beats_tq3_0_behind_a_rotation():
+    """On rotated data (what llama.cpp caches) TQ3_1 beats TQ3_0's distortion with no transform: same
+    codebook, but its encoder searches 7 starting scales (9% lower MSE on Gaussian blocks)."""
     rng = np.random.default_rng(11)
     g = rng.standard_normal((4000, 32)).astype(np.float32)
     rel31 = ((tq3_1.dequantize_tq3_1(tq3_1.quantize_tq3_1(g)) - g) ** 2).mean()
     rel30 = ((tq3.dequantize_tq3(tq3.quantize_tq3(g)) - g) ** 2).mean()
-    assert abs(rel31 - rel30) <= 0.02 * rel30
-    assert 0.85 * cb.DISTORTION <= rel31 <= cb.DISTORTION * 1.02     # per-block scale: a bit under the fixed-norm figure
+    assert 0.85 * rel30 <= rel31 <= 0.94 * rel30
+    assert 0.75 * cb.DISTORTION <= rel31 <= 0.85 * cb.DISTORTION     # per-block scale: under the fixed-norm figure
 
 
 @pytest.mark.parametrize("d", [64, 256])

@@ -4,7 +4,7 @@ from libc.stdint cimport int64_t, uint8_t
 
 cdef extern from "gqt_tq3_1.h" nogil:
     int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE
-    int GQT_TQ3_1_BYTES, GQT_TQ3_1_REFINE_PASSES
+    int GQT_TQ3_1_BYTES, GQT_TQ3_1_REFINE_PASSES, GQT_TQ3_1_SEARCH
     double GQT_TQ3_1_UNIT
     const signed char gqt_tq3_1_levels[8]
     void gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k)
@@ -15,6 +15,7 @@ OK = GQT_OK
 ERR_NONFINITE = GQT_ERR_NONFINITE
 ERR_SHAPE = GQT_ERR_SHAPE
 REFINE_PASSES = GQT_TQ3_1_REFINE_PASSES
+SEARCH = GQT_TQ3_1_SEARCH
 UNIT = GQT_TQ3_1_UNIT
 LEVELS = tuple(gqt_tq3_1_levels[k] for k in range(8))
 

@@ -61,19 +61,29 @@ static void quantize_block(const float * in, gqt_block_tq3_1 * out) {
     double n2 = 0.0;
     for (int j = 0; j < QK; ++j) n2 += x[j] * x[j];
     if (n2 == 0.0) return;
-    pick(x, sqrt(n2 / QK) / GQT_TQ3_1_UNIT, idx);
-    double xl, ll;
-    moments(x, idx, &xl, &ll);
-    gqt_fp16 d = to_fp16_scale(xl / ll);
-    for (int p = 0; p < GQT_TQ3_1_REFINE_PASSES; ++p) {
-        const double s = (double) gqt_fp16_to_fp32(d);
-        if (!(s > 0.0)) break;
-        pick(x, s, idx);  /* against the fp16 value the decoder will read */
-        moments(x, idx, &xl, &ll);
-        d = to_fp16_scale(xl / ll);
+    const double d0 = sqrt(n2 / QK) / GQT_TQ3_1_UNIT;
+    double xl, ll, best_err = 0.0;
+    for (int c = 0; c < GQT_TQ3_1_SEARCH; ++c) {
+        uint8_t cand[QK];
+        pick(x, d0 * (0.7 + 0.1 * c), cand);
+        moments(x, cand, &xl, &ll);
+        gqt_fp16 d = to_fp16_scale(xl / ll);
+        for (int p = 0; p < GQT_TQ3_1_REFINE_PASSES; ++p) {
+            const double s = (double) gqt_fp16_to_fp32(d);
+            if (!(s > 0.0)) break;
+            pick(x, s, cand);  /* against the fp16 value the decoder will read */
+            moments(x, cand, &xl, &ll);
+            d = to_fp16_scale(xl / ll);
+        }
+        moments(x, cand, &xl, &ll);
+        const double err = n2 - xl * xl / ll;   /* least-squares error of these indices */
+        if (c == 0 || err < best_err) {
+            best_err = err;
+            memcpy(idx, cand, QK);
+        }
     }
     moments(x, idx, &xl, &ll);
-    d = to_fp16_scale(sqrt(n2 / ll));  /* norm-preserving: ||x_hat|| = ||x|| */
+    gqt_fp16 d = to_fp16_scale(sqrt(n2 / ll));  /* norm-preserving: ||x_hat|| = ||x|| */
     if ((d & 0x7FFF) == 0) return;     /* scale underflowed: store the zero block */
     out->d = d;
     uint32_t h = 0;

@@ -5,8 +5,9 @@ whenever the cache type is quantized, so the values a cache row holds are near-G
 second, per-block rotation buys nothing but a transform on every read. TQ3_1 keeps TQ3_0's codebook
 and scale rule on the values as they come:
 
-    idx = nearest level of x / d0, d0 = rms(x) / UNIT, then 2 Lloyd passes against the fp16
-          least-squares scale <x, L[idx]> / <L[idx], L[idx]>
+    for c in 0.7, 0.8 .. 1.3: idx = nearest level of x / (c d0), d0 = rms(x) / UNIT, then 2 Lloyd
+          passes against the fp16 least-squares scale <x, L[idx]> / <L[idx], L[idx]>;
+          keep the idx of the smallest least-squares error
     d = ||x|| / ||L[idx]||   (norm-preserving, stored as fp16)
     x_hat = d * L[idx],  L = (-127, -81, -46, -15, 15, 46, 81, 127)
 
@@ -28,6 +29,7 @@ TYPE = BY_NAME["TQ3_1"]
 QK = TYPE.block_size          # 32
 BLOCK_BYTES = TYPE.type_size  # 14
 REFINE_PASSES = _tq3_1.REFINE_PASSES
+SEARCH = _tq3_1.SEARCH          # starting scales 0.7, 0.8 .. 1.3 times d0
 UNIT = _tq3_1.UNIT            # levels per standard deviation: 127 / 2.0719...
 LEVELS = np.array(_tq3_1.LEVELS, dtype=np.int8)
 FP16_MAX = np.float32(65504.0)
@@ -140,15 +142,24 @@ def quantize_tq3_1_ref(x: np.ndarray) -> np.ndarray:
         n2 = n2 + b[:, j] * b[:, j]
     nz = n2 != 0
     with np.errstate(divide="ignore", invalid="ignore"):   # zero blocks (n2 == 0) are dropped below
-        idx = _pick(b, np.sqrt(n2 / QK) / UNIT)
-        num, den = _moments(b, idx)
-        d = _to_fp16(num / den)
-        for _ in range(REFINE_PASSES):
-            s = d.view(np.float16).astype(np.float64)
-            active = s > 0
-            idx = np.where(active[:, None], _pick(b, s), idx)
-            num, den = _moments(b, idx)
-            d = np.where(active, _to_fp16(num / den), d)
+        d0 = np.sqrt(n2 / QK) / UNIT
+        for c in range(SEARCH):
+            cand = _pick(b, d0 * (0.7 + 0.1 * c))
+            num, den = _moments(b, cand)
+            d = _to_fp16(num / den)
+            for _ in range(REFINE_PASSES):
+                s = d.view(np.float16).astype(np.float64)
+                active = s > 0
+                cand = np.where(active[:, None], _pick(b, s), cand)
+                num, den = _moments(b, cand)
+                d = np.where(active, _to_fp16(num / den), d)
+            num, den = _moments(b, cand)
+            err = n2 - num * num / den
+            if c == 0:
+                idx, best = cand, err
+            else:
+                better = err < best
+                idx, best = np.where(better[:, None], cand, idx), np.where(better, err, best)
         num, den = _moments(b, idx)
         d = _to_fp16(np.sqrt(n2 / den))
     keep = nz & ((d & 0x7FFF) != 0)
