@@ -267,6 +267,7 @@ def test_llama_quantize_matches_gguftool_quantize(native, smollm2, tmp_path, qty
         assert np.array_equal(t.raw_rows(), u.raw_rows()), f"{t.name} ({t.type.name}) differs"
         n_target += t.type.name == qtype
     assert n_target >= 211   # every matrix of the 30 layers, and the embedding
+    assert b.get("general.file_type") == a.get("general.file_type") is not None   # ours: the type id
     if qtype != "Q4_HQQ":
         # gguftool's standard-type file runs in llama.cpp: Q8_0 of a Q4_1-grid model is near lossless
         ppl, base = perplexity(native, gt, "-fa", "on"), perplexity(native, smollm2, "-fa", "on")

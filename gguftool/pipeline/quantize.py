@@ -87,11 +87,14 @@ def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: i
     params = params or {}
     w = StreamingWriter(out_path, src.architecture)
     src.write_metadata(w)
-    ftype = getattr(LlamaFileType, f"MOSTLY_{target}", None) or (LlamaFileType.ALL_F32 if target == "F32" else None)
+    custom = types.lookup(target)
+    # our llama.cpp build numbers a custom type's file type by its type id (what its llama-quantize writes)
+    ftype = custom.id if custom else getattr(LlamaFileType, f"MOSTLY_{target}", None) or (
+        LlamaFileType.ALL_F32 if target == "F32" else None)
     if ftype is not None:
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
     else:
-        w.remove("general.file_type")  # no llama_ftype for our types: let llama.cpp guess
+        w.remove("general.file_type")
     record = {"quantize.target": target, **(record or {})}
     hqq_steps = _hqq_steps(plan, params)
     if hqq_steps:
