@@ -198,3 +198,39 @@ def test_hqq_parameters_checked_before_writing_and_ignored_ones_named(tmp_path, 
     assert _quantize(src, out, "Q4_0", "--solver", "hqq") == 0       # Q4_0 has no HQQ solver
     assert "HQQ parameters ['solver'] ignored" in capsys.readouterr().err
     assert GGUFFile(out).get("gguftool.hqq.defaults") is None
+
+
+def test_precedence_follows_llama_quantize(tmp_path, rng):
+    """llama_tensor_get_type's order: kept tensors (position embeddings) whatever the rules say, then
+    --token-embedding-type (it beats --output-tensor-type on a tied embedding), then output.weight's
+    --output-tensor-type, then the --tensor-type rules."""
+    from .conftest import write_gguf
+    m = {n: (rng.standard_normal((8, 64)).astype(np.float32), None) for n in
+         ("token_embd.weight", "position_embd.weight", "token_types.weight", "blk.0.attn_q.weight")}
+    f = GGUFFile(write_gguf(tmp_path / "tied.gguf", m))   # no output.weight: token_embd is the output
+    opts = planning.Options(target="Q4_0", output_tensor_type="Q5_0", token_embedding_type="Q8_0",
+                            tensor_types=[planning.parse_tensor_type("embd|types|attn=Q5_1")])
+    to = {s.tensor.name: s.out_type.name for s in planning.make_plan(f, opts).steps}
+    assert to == {"token_embd.weight": "Q8_0", "position_embd.weight": "F32", "token_types.weight": "F32",
+                  "blk.0.attn_q.weight": "Q5_1"}
+    only_out = planning.Options(target="Q4_0", output_tensor_type="Q5_0")
+    assert {s.tensor.name: s.out_type.name for s in planning.make_plan(f, only_out).steps}["token_embd.weight"] == "Q5_0"
+
+
+@pytest.mark.native
+def test_tied_embedding_types_equal_llama_quantize(tmp_path, smollm2):
+    from gguftool.errors import GgufToolError
+    from gguftool.native import tools
+    try:
+        lq = tools.tool("llama-quantize")
+    except GgufToolError as e:
+        pytest.skip(e.message)
+    ref, ours = tmp_path / "lq.gguf", tmp_path / "ours.gguf"
+    flags = ["--allow-requantize", "--output-tensor-type", "q5_0", "--token-embedding-type", "q8_0"]
+    r = subprocess.run([str(lq), *flags, str(smollm2), str(ref), "Q4_0", "2"], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert _quantize(smollm2, ours, "Q4_0", *flags, "--threads", "2") == 0
+    a, b = GGUFFile(ref), GGUFFile(ours)
+    assert {t.name: t.type.name for t in a.tensors} == {t.name: t.type.name for t in b.tensors}
+    assert a.tensor("token_embd.weight").type.name == "Q8_0"

@@ -19,8 +19,10 @@ OUTPUT = "output.weight"
 TOKEN_EMBD = "token_embd.weight"
 HIGH_PRECISION = "Q8_0"
 # Never quantized, whatever the target (llama-quant.cpp's exclusions that apply to 2-D tensors).
-KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ssm_conv1d.weight", "pos_embd", "token_types",
-                 "altup", "laurel", "per_layer_model_proj")
+# llama-quantize's tensor_allows_quantization (pinned source): these stay as they are, whatever the rules say
+KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "ssm_conv1d", "altup", "laurel",
+                 "per_layer_model_proj", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight")
+KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # Fallback chains when the row length does not divide the block size (then Q8_0 or F16, as llama-quantize).
 FALLBACK = {t.name: t.fallback for t in CUSTOM_TYPES if t.fallback}
 
@@ -148,21 +150,25 @@ def unused_rules(plan: Plan, opts: Options) -> list[Rule]:
 
 def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
     """Target type name for one tensor (None: keep it as it is), a note, and the rule that chose it."""
+    # the order is llama-quantize's (llama_tensor_get_type): kept tensors, then --token-embedding-type,
+    # --output-tensor-type on output.weight, then the --tensor-type rules, then a tied embedding's output type
     name = t.name
     if len(t.shape) < 2 or not name.endswith(".weight"):
         return None, "", None
+    if any(p in name for p in KEEP_PATTERNS) or name in KEEP_NAMES:
+        return None, "", None
+    if name == OUTPUT and opts.leave_output_tensor:
+        return None, "", None
+    if name == TOKEN_EMBD and opts.token_embedding_type:
+        return _producible(opts.token_embedding_type).name, "", None
+    if name == OUTPUT and opts.output_tensor_type:
+        return _producible(opts.output_tensor_type).name, "", None
     for rule in opts.tensor_types:
         if rule.pattern.search(name):
             return rule.type, f"{rule.origin}", rule
-    if any(p in name for p in KEEP_PATTERNS):
-        return None, "", None
     is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
-    if name == OUTPUT and opts.leave_output_tensor:
-        return None, "", None
     if is_output and opts.output_tensor_type:
         return _producible(opts.output_tensor_type).name, "", None
-    if name == TOKEN_EMBD and opts.token_embedding_type:
-        return _producible(opts.token_embedding_type).name, "", None
     if is_output and not opts.pure:
         hp = HIGH_PRECISION if codec(opts.target).bpw < codec(HIGH_PRECISION).bpw else opts.target
         return hp, ("output tensor kept at higher precision" if hp != opts.target else ""), None
