@@ -234,3 +234,16 @@ def test_tied_embedding_types_equal_llama_quantize(tmp_path, smollm2):
     a, b = GGUFFile(ref), GGUFFile(ours)
     assert {t.name: t.type.name for t in a.tensors} == {t.name: t.type.name for t in b.tensors}
     assert a.tensor("token_embd.weight").type.name == "Q8_0"
+
+
+def test_inspect_reads_what_upstream_gguf_reader_refuses(tmp_path, rng, capsys):
+    """README and inspect's help say so: upstream's reader stops on our type ids, gguftool inspect reads them."""
+    src = tiny_llama(tmp_path / "t.gguf", rng)
+    out = tmp_path / "t-hqq.gguf"
+    assert _quantize(src, out, "Q4_HQQ", "--pure") == 0
+    with pytest.raises(ValueError, match="512"):
+        GGUFReader(out)
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--tensors", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["types"]["Q4_HQQ"]["tensors"] == sum(1 for t in GGUFFile(src).tensors if len(t.shape) == 2)

@@ -11,6 +11,10 @@ EXAMPLES = """examples:
   gguftool inspect model.gguf
   gguftool inspect model.gguf --tensors
   gguftool inspect model.gguf --format json | jq .types
+
+Upstream's gguf-dump and gguf.GGUFReader stop with a traceback on files that use gguftool's types
+(ids 512 and up: "512 is not a valid GGMLQuantizationType"); `gguftool inspect --metadata --tensors`
+reads those and every file they read.
 """
 
 
