@@ -268,6 +268,10 @@ def test_llama_quantize_matches_gguftool_quantize(native, smollm2, tmp_path, qty
         n_target += t.type.name == qtype
     assert n_target >= 211   # every matrix of the 30 layers, and the embedding
     assert b.get("general.file_type") == a.get("general.file_type") is not None   # ours: the type id
+    # both record the custom types the file uses, and only those
+    rec = {f: {k: x.get(k) for k in x.fields if k.startswith(gtypes.META_PREFIX)} for f, x in (("lq", a), ("gt", b))}
+    assert rec["lq"] == rec["gt"] == ({f"{gtypes.META_PREFIX}Q4_HQQ.{k}": getattr(gtypes.BY_NAME["Q4_HQQ"], k)
+                                       for k in gtypes.META_FIELDS} if qtype == "Q4_HQQ" else {})
     if qtype != "Q4_HQQ":
         # gguftool's standard-type file runs in llama.cpp: Q8_0 of a Q4_1-grid model is near lossless
         ppl, base = perplexity(native, gt, "-fa", "on"), perplexity(native, smollm2, "-fa", "on")

@@ -66,6 +66,21 @@ def _type_count() -> int:
     return max(t.id for t in gtypes.CUSTOM_TYPES) + 1
 
 
+def _quantize_type_records() -> str:
+    lines = ["    { // gguftool: records of the custom types this output uses (gguftool/types.py)\n",
+             "        auto uses = [&](ggml_type t) {\n",
+             "            for (const auto & m : metadata) { if (m.target_type == t) { return true; } }\n",
+             "            return false;\n",
+             "        };\n"]
+    for t in gtypes.CUSTOM_TYPES:
+        lines.append(f"        if (uses(GGML_TYPE_{t.name})) {{\n            for (auto & c : ctx_outs) {{\n")
+        for attr in gtypes.META_FIELDS:
+            lines.append(f'                gguf_set_val_u32(c.get(), "{gtypes.META_PREFIX}{t.name}.{attr}", {getattr(t, attr)});\n')
+        lines.append("            }\n        }\n")
+    lines.append("    }\n")
+    return "".join(lines)
+
+
 def _trait_entries(comment: str, fields) -> str:
     """One designated initializer per type for a ggml traits table; fields(t) -> [(field, C value)]."""
     out = [f"    // {comment}\n"]
@@ -204,6 +219,9 @@ def edits() -> list[Edit]:
              '    { "Q4_1",     LLAMA_FTYPE_MOSTLY_Q4_1,     " 4.78G, +0.4511 ppl @ Llama-3-8B",  },\n',
              "".join(f'    {{ "{t.name}", (llama_ftype) {t.id}, " {t.bpw:.2f} bpw, gguftool type {t.id}", }},\n'
                      for t in gtypes.CUSTOM_TYPES)),
+        # llama-quantize records the custom types its output uses, as gguftool's writer does (a
+        # reader checks them against its own table)
+        Edit("src/llama-quant.cpp", "    // Set split info if needed\n", _quantize_type_records(), where="before"),
         # -fa auto already turns flash attention on for a quantized V cache (which needs it), but
         # says so at INFO level, hidden by default: make it a visible warning
         Edit("src/llama-context.cpp",
