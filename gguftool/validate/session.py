@@ -23,7 +23,8 @@ from . import isolate as iso
 from . import metrics
 from .runners import Runner, RunResult, sha256_file
 
-DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q4_hqq/q4_hqq", "tq3_0/tq3_0")
+# stock peers and the recipes' caches (phone-small, max-compression; measured in docs/kv.md)
+DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q5_0/tq3_1", "tq3_1/tq3_1")
 DEFAULT_PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
 TOOLS = ("llama-perplexity", "llama-bench", "llama-completion")
 
