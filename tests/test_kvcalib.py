@@ -126,3 +126,26 @@ def test_recipe_kv_caches_against_f16(smollm2, tmp_path):
     # 40 x 512 of Emma: phone-small's cache 0.65x stock q4_0's KLD; max-compression's (1 bit less) 2.1x
     assert got["phone-small"][1] < 0.85 * stock, (got, stock)
     assert got["max-compression"][1] < 3.0 * stock and got["max-compression"][0] < 1.2 * f16, (got, stock, f16)
+
+
+@pytest.mark.native
+def test_quantize_with_a_calibrated_recipe_calibrates_the_output(smollm2, tmp_path):
+    from gguftool.cli import main
+    from gguftool.io.reader import GGUFFile
+    from gguftool.native import tools
+    try:
+        tools.tool("gguftool-kvdump")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"native build absent: {e}")
+    out, plain = tmp_path / "phone.gguf", tmp_path / "plain.gguf"
+    assert main(["quantize", str(smollm2), str(out), "--recipe", "phone-small", "--allow-requantize", "-t", "2"]) == 0
+    assert main(["quantize", str(smollm2), str(plain), "--recipe", "phone-small", "--allow-requantize", "-t", "2",
+                 "--no-kv-calibrate"]) == 0
+    f, g = GGUFFile(out), GGUFFile(plain)
+    n_layer = int(f.get("llama.block_count"))
+    assert all(len(f.get(f"{kvcalib.META}blk.{il}.k_scale")) == 192 for il in range(n_layer))
+    assert not any(k.startswith(kvcalib.META) for k in g.fields)
+    assert f.get("gguftool.recipe.name") == "phone-small"
+    for t in g.tensors:   # the calibration adds metadata only
+        assert np.array_equal(f.tensor(t.name).raw_rows(), t.raw_rows()), t.name
+    assert not list(tmp_path.glob(".*kv-calibrate*"))

@@ -17,15 +17,29 @@ from .conftest import tiny_llama
 def test_shipped_recipes_load(name):
     from gguftool.quant.hqq import HQQParams
     r = recipe.load(name)
-    assert r.name == name and r.kv.keys() == {"k", "v"} and r.allowed
+    assert r.name == name and r.kv.keys() == {"k", "v"} and r.allowed and isinstance(r.kv_calibrate, bool)
     for params in [r.solver, *(rule.params for rule in r.rules)]:
         if params:
             HQQParams.make(**params)   # raises on an unknown parameter or a value out of range
 
 
-def test_phone_small_is_the_articles_pick():
-    r = recipe.load("phone-small")
-    assert (r.type, r.kv["k"], r.kv["v"]) == ("Q4_HQQ", "q4_hqq", "tq3_0")
+def test_recipe_caches_are_the_measured_picks():
+    """phone-small and max-compression carry the K/V pairs docs/kv.md measured (gguftool/data/kv_measured.json):
+    each is calibrated, within its bits, and below stock q4_0/q4_0 in KLD on both models where claimed."""
+    from gguftool.pipeline import kvplan
+    models = kvplan.measured()["models"]
+    for name, max_bits in (("phone-small", 4.5), ("max-compression", 3.5)):
+        r = recipe.load(name)
+        pair = f"cal:{r.kv['k']}/{r.kv['v']}"
+        assert r.kv_calibrate
+        for m in models.values():
+            row = m["rows"][pair]
+            assert row["bits"] <= max_bits
+            if name == "phone-small":   # goal 2: PPL within +2% (SmolLM2) / +3% (Gemma 3) of the f16 cache
+                assert row["ppl"] / m["f16_ppl"] - 1 < 0.03 and row["kld"] < m["rows"]["q4_0/q4_0"]["kld"]
+    gemma = next(m for k, m in models.items() if k.lower().startswith("gemma"))
+    mc = recipe.load("max-compression")
+    assert gemma["rows"][f"cal:{mc.kv['k']}/{mc.kv['v']}"]["kld"] < gemma["rows"]["q4_0/q4_0"]["kld"]   # goal 1
 
 
 @pytest.mark.parametrize("body, message", [
@@ -36,6 +50,9 @@ def test_phone_small_is_the_articles_pick():
     ('type = "Q4_0"\n[[rules]]\npattern = "(("\ntype = "Q8_0"\n', "bad regular expression"),
     ('type = "Q4_0"\n[[rules]]\npattern = "x"\ntype = "Q8_0"\nsize = 3\n', "rules[0]: unknown key(s) ['size']"),
     ('type = "Q4_0"\n[kv]\nk = "q4_0"\nw = "f16"\n', "[kv]: unknown key(s) ['w']"),
+    ('type = "Q4_0"\n[kv]\nk = "q4_0"\ncalibrate = "yes"\n', "calibrate must be true or false"),
+    ('type = "Q4_0"\n[kv]\nk = "q9_0"\n', "'q9_0' is not a KV cache type"),
+    ('type = "Q4_0"\nkv = 3\n', "[kv] must be a table"),
     ('description = "no type"\n', "missing `type`"),
     ('type = "Q4_0\n', "not valid TOML"),
 ])
