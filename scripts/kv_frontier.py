@@ -47,6 +47,26 @@ def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: lis
     return r.stdout + r.stderr, time.monotonic() - t0
 
 
+def is_ours(config: str) -> bool:
+    from gguftool import types
+    return config.startswith("cal:") or any(types.lookup(t) for t in config.removeprefix("cal:").split("/"))
+
+
+def markdown(rows: list[dict], f16_ppl: float) -> str:
+    """Rows by size; for each of ours, a stock configuration that is no larger and no worse in KLD, if any."""
+    stock = [r for r in rows if not is_ours(r["config"])]
+    out = ["| K/V | bits/value | PPL | dPPL | mean KLD | stock no larger and no worse |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (-r["bits"], r["kld"])):
+        name = f"**{r['config']}**" if is_ours(r["config"]) else r["config"]
+        beat = ""
+        if is_ours(r["config"]):
+            better = [s for s in stock if s["bits"] <= r["bits"] and s["kld"] <= r["kld"]]
+            beat = ", ".join(s["config"] for s in better) or "none"
+        out.append(f"| {name} | {r['bits']:.2f} | {r['ppl']:.3f} | {100 * (r['ppl'] / f16_ppl - 1):+.2f}% | "
+                   f"{r['kld']:.4f} | {beat} |")
+    return "\n".join(out) + "\n"
+
+
 def record(a, rows: list[dict], f16_ppl: float) -> None:
     from gguftool.pipeline import kvplan
     data = json.loads(kvplan.MEASURED.read_text()) if kvplan.MEASURED.is_file() else {"models": {}}
@@ -69,6 +89,7 @@ def main() -> int:
     ap.add_argument("--base", default=None, help="KLD base file (default: <json or model>.f16.kld, made if absent)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG of mean KLD against bits per value")
+    ap.add_argument("--markdown", default=None, help="also write the table as markdown (docs/kv.md)")
     ap.add_argument("--record", default=None, metavar="NAME",
                     help="also store the rows under NAME in gguftool/data/kv_measured.json (what kv-plan shows)")
     a = ap.parse_args()
@@ -128,20 +149,19 @@ def main() -> int:
     save()
     if a.record:
         record(a, rows, f16_ppl)
+    if a.markdown:
+        Path(a.markdown).write_text(markdown(rows, f16_ppl))
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        from gguftool import types
         for r in rows[1:]:
-            ours = r["config"].startswith("cal:") or any(
-                types.lookup(t) for t in r["config"].removeprefix("cal:").split("/"))
+            ours = is_ours(r["config"])
             ax.scatter(r["bits"], r["kld"], c="tab:red" if ours else "tab:blue", marker="o" if ours else "s")
             ax.annotate(r["config"], (r["bits"], r["kld"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         # the stock frontier: the best KLD any stock configuration reaches at or below each size
-        stock = sorted((r["bits"], r["kld"]) for r in rows[1:] if not r["config"].startswith("cal:")
-                       and not any(types.lookup(t) for t in r["config"].split("/")))
+        stock = sorted((r["bits"], r["kld"]) for r in rows[1:] if not is_ours(r["config"]))
         front, best = [], float("inf")
         for b, k in stock:
             if k < best:
