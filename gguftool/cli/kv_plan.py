@@ -90,10 +90,15 @@ def run(args) -> int:
             line += f"{_q(r['quality_calibrated'])} {r['class_calibrated']}"
         print(line.rstrip())
     where = f"at {ctx:,} tokens" if ctx else "in the budget"
+    if shape.n_ctx_train and ctx and ctx > shape.n_ctx_train:
+        print(f"note: {ctx:,} tokens is beyond the model's trained context ({shape.n_ctx_train:,})")
     if now:
         print(f"best measured pair {where}: {now['pair']} ({now['class']})")
+    elif any(r.get("fits", r["max_context"] > 0) for r in rows):
+        print(f"none of the pairs that fit {where} is measured on a file "
+              f"{'with' if shape.calibrated else 'without'} kv-calibrate")
     else:
-        print(f"no measured pair fits {where}; '!' marks the caches over budget")
+        print(f"no pair fits {where}; '!' marks the caches over budget")
     if cal and (not now or cal["pair"] != now["pair"] or cal["class_calibrated"] != now["class"]):
         print(f"after gguftool kv-calibrate: {cal['pair']} ({cal['class_calibrated']})")
     return 0

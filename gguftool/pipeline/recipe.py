@@ -67,14 +67,12 @@ class Recipe:
         return base
 
 
+INSTALLED_RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"  # a wheel: package gguftool.recipes
+
+
 def recipe_dirs() -> list[Path]:
-    dirs = [RECIPE_DIR]
-    try:
-        from importlib.resources import files
-        dirs.append(Path(str(files("gguftool.recipes"))))
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return [d for d in dirs if d.is_dir()]
+    # gguftool.recipes has no __init__.py: importlib.resources would hand back a MultiplexedPath, not a folder
+    return [d for d in (RECIPE_DIR, INSTALLED_RECIPE_DIR) if d.is_dir()]
 
 
 def available() -> dict[str, Path]:
