@@ -40,10 +40,44 @@ def test_transform_leaves_attention_unchanged_and_balance_lowers_the_product():
 def test_calibrated_layer_beats_raw_on_the_q4_0_proxy():
     rng = np.random.default_rng(1)
     q, k = _qk(rng, t=1024)
-    v = rng.standard_normal((1024, 2, 64)) + 3
+    v = rng.standard_normal((1024, 2, 64)) + 3 * rng.standard_normal(64)   # per-channel offsets
     c = kvcalib.calibrate_layer(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 512, "neox")
     assert c.kl[c.alpha] < 0.8 * c.kl_raw
+    # values with a shared offset and no sink: the whole mean comes out, and that lowers the V error
+    assert c.gamma == 1.0 and c.v_err[1.0] < 0.8 * c.v_err[0.0]
     assert np.allclose(c.v_mean.reshape(2, 64), v.mean(0), atol=1e-5)
+
+
+def test_attention_sink_keeps_its_small_value():
+    """An attention sink (the first token of each chunk takes most of the weight) with a near-zero value:
+    v - nu would make the heaviest row large, so the calibration keeps the mean in (gamma 0)."""
+    rng = np.random.default_rng(3)
+    t, d = 1024, 64
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    q = rng.standard_normal((t, 2, d)) + 4 * u
+    k = rng.standard_normal((t, 1, d))
+    v = rng.standard_normal((t, 1, d)) * 0.3 + 3 * rng.standard_normal(d)
+    for c0 in (0, 512):
+        k[c0, 0] = 12 * u
+        v[c0, 0] = rng.standard_normal(d) * 0.05
+    c = kvcalib.calibrate_layer(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 512, "neox")
+    assert c.gamma == 0.0 and not c.v_mean.any() and c.v_err[0.0] < c.v_err[1.0]
+
+
+def test_value_error_by_hand():
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((8, 2, 4)), rng.standard_normal((8, 1, 4)), rng.standard_normal((8, 1, 4))
+    vh = v + rng.standard_normal(v.shape) * 0.1
+    err = ref = 0.0
+    for h in range(2):
+        for i in range(8):
+            s = np.array([q[i, h] @ k[j, 0] / 2 for j in range(i + 1)])
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            err += ((p @ (vh[: i + 1, 0] - v[: i + 1, 0])) ** 2).sum()
+            ref += ((p @ v[: i + 1, 0]) ** 2).sum()
+    assert abs(kvcalib.value_error(q, k, v, vh, 8, max_queries=8) - err / ref) < 1e-12
 
 
 @pytest.mark.native

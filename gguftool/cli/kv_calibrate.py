@@ -43,7 +43,8 @@ def run(args) -> int:
     if not text.is_file():
         raise GgufToolError(f"{text}: no such text file")
     calib = kvcalib.run(args.model, args.output, text, chunks=args.chunks, ctx=args.ctx, threads=args.threads)
-    rows = [{"layer": il, "alpha": c.alpha, "proxy_kl_q4_0": {"raw": c.kl_raw, **{str(a): v for a, v in c.kl.items()}}}
+    rows = [{"layer": il, "alpha": c.alpha, "proxy_kl_q4_0": {"raw": c.kl_raw, **{str(a): v for a, v in c.kl.items()}},
+             "gamma": c.gamma, "proxy_v_error_q4_0": {str(g): v for g, v in c.v_err.items()}}
             for il, c in sorted(calib.items())]
     if args.format == "json":
         print(json.dumps({"output": str(args.output), "layers": rows}, indent=1))
@@ -53,5 +54,8 @@ def run(args) -> int:
     cal = sum(c.kl[c.alpha] for c in calib.values())
     print(f"wrote {args.output}: {len(rows)} layers calibrated on {text.name} ({args.chunks} x {args.ctx} tokens), "
           f"key balance on {bal} of them; attention KL of a simulated q4_0 K cache on that text: "
-          f"{raw / len(rows):.2e} -> {cal / len(rows):.2e} ({raw / cal:.2f}x lower)")
+          f"{raw / len(rows):.2e} -> {cal / len(rows):.2e} ({raw / cal:.2f}x lower); mean value removed on "
+          f"{sum(1 for c in calib.values() if c.gamma > 0)} layers, V output error of a simulated q4_0 cache "
+          f"{sum(c.v_err[0.0] for c in calib.values()) / len(rows):.2e} -> "
+          f"{sum(c.v_err[c.gamma] for c in calib.values()) / len(rows):.2e}")
     return 0
