@@ -24,6 +24,7 @@ from ..errors import GgufToolError
 from ..types import BY_NAME
 from . import register
 from .parallel import map_rows
+from .rows import block_rows, float_rows, nonfinite_error
 
 TYPE = BY_NAME["TQ3_1"]
 QK = TYPE.block_size          # 32
@@ -40,34 +41,15 @@ _MID = 0.5 * (_L64[1:] + _L64[:-1])
 
 
 def _rows_f32(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x)
-    if x.ndim == 1:
-        x = x.reshape(1, -1)
-    if x.ndim != 2:
-        raise GgufToolError(f"TQ3_1 quantizes a matrix of rows, got a {x.ndim}-d input")
-    if x.shape[1] % QK:
-        raise GgufToolError(f"TQ3_1 rows must hold a multiple of {QK} values, got {x.shape[1]}",
-                            hint="pad the row or pick a type whose block fits")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise GgufToolError(f"TQ3_1 quantizes floating-point data, got {x.dtype}")
-    return np.ascontiguousarray(x, dtype=np.float32)
+    return float_rows(x, "TQ3_1", QK)
 
 
 def _nonfinite_error(x: np.ndarray) -> GgufToolError:
-    r, c = np.argwhere(~np.isfinite(x))[0]
-    return GgufToolError(f"TQ3_1 input holds NaN or Inf (first at row {r}, column {c}: {x[r, c]})",
-                         hint="check the source tensor; NaN/Inf cannot be quantized")
+    return nonfinite_error(x, "TQ3_1")
 
 
 def _blocks_u8(data: np.ndarray) -> np.ndarray:
-    data = np.asarray(data)
-    if data.dtype != np.uint8:
-        data = data.view(np.uint8)
-    if data.ndim == 1:
-        data = data.reshape(1, -1)
-    if data.ndim != 2 or data.shape[1] % BLOCK_BYTES:
-        raise GgufToolError(f"TQ3_1 data rows must be a multiple of {BLOCK_BYTES} bytes, got shape {data.shape}")
-    return np.ascontiguousarray(data)
+    return block_rows(data, "TQ3_1", BLOCK_BYTES)
 
 
 # ---------------------------------------------------------------- C path

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from ..pipeline.kvplan import columns as kv_columns
-from ..types import CACHE_TYPES
+from ..pipeline.kvplan import parse_pair as parse_kv  # noqa: F401  ('q4_0/tq3_1' -> ('q4_0', 'tq3_1'))
 from . import isolate as iso
 from . import metrics
 from .runners import Runner, RunResult, sha256_file
@@ -33,14 +33,6 @@ def default_text() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "pride_and_prejudice.txt"
 
 
-def parse_kv(spec: str) -> tuple[str, str]:
-    """'q4_hqq/tq3_0' -> ('q4_hqq', 'tq3_0'); 'q8_0' -> ('q8_0', 'q8_0')."""
-    k, _, v = spec.strip().lower().partition("/")
-    v = v or k
-    for t in (k, v):
-        if t not in CACHE_TYPES:
-            raise GgufToolError(f"unknown KV cache type {t!r} in --kv {spec}", f"choose from {', '.join(CACHE_TYPES)}")
-    return k, v
 
 
 @dataclass

@@ -165,7 +165,7 @@ int main(int argc, char ** argv) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const bool add_bos = llama_vocab_get_add_bos(vocab);
     std::vector<llama_token> tokens = common_tokenize(ctx, params.prompt, add_bos, true);
-    const int n_ctx = (int) llama_n_ctx(ctx);
+    const int n_ctx = params.n_ctx;   // the chunk asked for (llama.cpp pads its context to 256 cells)
     const int n_avail = (int) tokens.size() / n_ctx;
     const int n_chunks = params.n_chunks < 0 ? n_avail : std::min(params.n_chunks, n_avail);
     if (n_chunks < 1) {
