@@ -385,28 +385,34 @@ _TOOLCHAINS = {
 def test_native_flags_give_the_same_results(tmp_path, toolchain):
     """Compiled as llama.cpp compiles it, the file must not change a bit: it forbids FMA
     contraction itself, and its float work does not depend on the target."""
+    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3.c", tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref,
+                  tq3.vec_dot_tq3_q8_0_ref)
+
+
+def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref):
+    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain`, feed it every 32-divisible input and a
+    Q8_0 row set, and require the numpy twins' bytes for quantize, dequantize and vec_dot (14-byte blocks)."""
     cc, runner = _TOOLCHAINS[toolchain]
     missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     src = tmp_path / "h.c"
-    src.write_text(_HARNESS)
+    src.write_text(harness)
     exe = tmp_path / "h"
     fast = ROOT / "gguftool" / "_fast"
-    r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / "gqt_tq3.c"), "-lm", "-o", str(exe)],
+    r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / c_file), "-lm", "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    xs = [v for v in _inputs().values() if v.shape[1] % 32 == 0]
     rng = np.random.default_rng(8)
-    for x in xs:
+    for x in (v for v in _inputs().values() if v.shape[1] % 32 == 0):
         y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))
         out = subprocess.run([*runner, str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
                              capture_output=True, check=True, timeout=120).stdout
         nq = x.size // 32 * 14
         q = np.frombuffer(out[:nq], np.uint8).reshape(x.shape[0], -1)
-        assert_same_bytes(q, tq3.quantize_tq3_ref(x), x)
-        assert out[nq:nq + 4 * x.size] == tq3.dequantize_tq3_ref(q).tobytes()
-        assert out[nq + 4 * x.size:] == tq3.vec_dot_tq3_q8_0_ref(q, y8).tobytes()
+        assert_same_bytes(q, quantize_ref(x), x)
+        assert out[nq:nq + 4 * x.size] == dequantize_ref(q).tobytes()
+        assert out[nq + 4 * x.size:] == vec_dot_ref(q, y8).tobytes()
 
 
 def _write_kat():  # run once per layout version: python tests/test_tq3.py

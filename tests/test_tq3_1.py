@@ -2,9 +2,6 @@
 a hand-worked block, the Lloyd-Max theory, and the K-cache inner products behind a head-wide rotation."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -14,22 +11,16 @@ from gguftool.errors import GgufToolError
 from gguftool.quant import tq3, tq3_1
 from gguftool.quant import tq3_codebook as cb
 
-from .test_tq3 import _TOOLCHAINS, ROOT, _inputs, hadamard_orthonormal
+from .test_tq3 import _TOOLCHAINS, _inputs, assert_same_bytes, check_harness, hadamard_orthonormal
 
 BYTES = tq3_1.BLOCK_BYTES
-
-
-def _same(a: np.ndarray, b: np.ndarray, x: np.ndarray):
-    bad = np.argwhere((a.reshape(-1, BYTES) != b.reshape(-1, BYTES)).any(1)).ravel()
-    assert bad.size == 0, (f"{bad.size} blocks differ, first {bad[0]}: C {a.reshape(-1, BYTES)[bad[0]].tobytes().hex()} "
-                           f"numpy {b.reshape(-1, BYTES)[bad[0]].tobytes().hex()} input {x.reshape(-1, 32)[bad[0]]}")
 
 
 @pytest.mark.parametrize("name", list(_inputs()))
 def test_c_and_numpy_identical(name):
     x = _inputs()[name]
     q = tq3_1.quantize_tq3_1(x)
-    _same(q, tq3_1.quantize_tq3_1_ref(x), x)
+    assert_same_bytes(q, tq3_1.quantize_tq3_1_ref(x), x)
     d = tq3_1.dequantize_tq3_1(q)
     assert np.array_equal(d.view(np.uint32), tq3_1.dequantize_tq3_1_ref(q).view(np.uint32))
     y8 = tq3.quantize_q8_0_ref(np.random.default_rng(3).standard_normal(x.shape).astype(np.float32))
@@ -154,24 +145,5 @@ int main(int argc, char ** argv) {
 @pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
 def test_native_flags_give_the_same_results(tmp_path, toolchain):
     """As llama.cpp compiles it (AVX2, NEON under qemu, scalar), the file gives the numpy twin's bits."""
-    cc, runner = _TOOLCHAINS[toolchain]
-    missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
-    src = tmp_path / "h.c"
-    src.write_text(_HARNESS)
-    exe = tmp_path / "h"
-    fast = ROOT / "gguftool" / "_fast"
-    r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / "gqt_tq3_1.c"), "-lm", "-o", str(exe)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rng = np.random.default_rng(8)
-    for x in (v for v in _inputs().values() if v.shape[1] % 32 == 0):
-        y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))
-        out = subprocess.run([*runner, str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
-                             capture_output=True, check=True, timeout=120).stdout
-        nq = x.size // 32 * BYTES
-        q = np.frombuffer(out[:nq], np.uint8).reshape(x.shape[0], -1)
-        _same(q, tq3_1.quantize_tq3_1_ref(x), x)
-        assert out[nq:nq + 4 * x.size] == tq3_1.dequantize_tq3_1_ref(q).tobytes()
-        assert out[nq + 4 * x.size:] == tq3_1.vec_dot_tq3_1_q8_0_ref(q, y8).tobytes()
+    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3_1.c", tq3_1.quantize_tq3_1_ref, tq3_1.dequantize_tq3_1_ref,
+                  tq3_1.vec_dot_tq3_1_q8_0_ref)

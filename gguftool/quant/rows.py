@@ -37,3 +37,45 @@ def block_rows(data: np.ndarray, name: str, block_bytes: int) -> np.ndarray:
     if data.ndim != 2 or data.shape[1] % block_bytes:
         raise GgufToolError(f"{name} data rows must be a multiple of {block_bytes} bytes, got shape {data.shape}")
     return np.ascontiguousarray(data)
+
+
+# The C extensions of the 14-byte-block families (_tq3, _tq3_1) share one API: quantize_rows,
+# dequantize_rows, vec_dot_rows, OK, ERR_NONFINITE. These run any of them on checked rows.
+Q8_0_BLOCK_BYTES = 34
+
+
+def c_quantize(ext, x: np.ndarray, name: str, block: int, block_bytes: int, threads: int) -> np.ndarray:
+    """float rows [rows, n] -> uint8 [rows, n / block * block_bytes] by `ext`, GIL released, row-parallel."""
+    from .parallel import map_rows
+    x = float_rows(x, name, block)
+
+    def chunk(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((rows.shape[0], rows.shape[1] // block * block_bytes), dtype=np.uint8)
+        rc = ext.quantize_rows(rows, out)
+        if rc == ext.ERR_NONFINITE:
+            raise nonfinite_error(x, name)
+        if rc != ext.OK:
+            raise GgufToolError(f"{name} quantization failed with code {rc}")
+        return out
+
+    return map_rows(chunk, x, threads)
+
+
+def c_dequantize(ext, data: np.ndarray, name: str, block: int, block_bytes: int) -> np.ndarray:
+    data = block_rows(data, name, block_bytes)
+    out = np.empty((data.shape[0], data.shape[1] // block_bytes * block), dtype=np.float32)
+    ext.dequantize_rows(data, out)
+    return out
+
+
+def c_vec_dot_q8_0(ext, x: np.ndarray, y: np.ndarray, name: str, block_bytes: int) -> np.ndarray:
+    """Row-wise vec_dot of `name` rows x with ggml Q8_0 rows y of the same length -> float32 [rows]."""
+    x = block_rows(x, name, block_bytes)
+    y = np.ascontiguousarray(np.asarray(y).view(np.uint8)).reshape(len(x), -1)
+    nb = x.shape[1] // block_bytes
+    if y.shape[1] != nb * Q8_0_BLOCK_BYTES:
+        raise GgufToolError(f"vec_dot: {nb} {name} blocks per row need {nb * Q8_0_BLOCK_BYTES} bytes of Q8_0 "
+                            f"per row, got {y.shape[1]}")
+    out = np.empty(x.shape[0], dtype=np.float32)
+    ext.vec_dot_rows(x, y, out)
+    return out

@@ -23,8 +23,7 @@ from .._fast import _tq3_1
 from ..errors import GgufToolError
 from ..types import BY_NAME
 from . import register
-from .parallel import map_rows
-from .rows import block_rows, float_rows, nonfinite_error
+from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error
 
 TYPE = BY_NAME["TQ3_1"]
 QK = TYPE.block_size          # 32
@@ -55,37 +54,16 @@ def _blocks_u8(data: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- C path
 def quantize_tq3_1(x: np.ndarray, *, threads: int = 1) -> np.ndarray:
     """float rows [rows, n] (n % 32 == 0) -> uint8 [rows, n / 32 * 14], C kernels, GIL released."""
-    x = _rows_f32(x)
-
-    def chunk(rows: np.ndarray) -> np.ndarray:
-        out = np.empty((rows.shape[0], rows.shape[1] // QK * BLOCK_BYTES), dtype=np.uint8)
-        rc = _tq3_1.quantize_rows(rows, out)
-        if rc == _tq3_1.ERR_NONFINITE:
-            raise _nonfinite_error(x)
-        if rc != _tq3_1.OK:
-            raise GgufToolError(f"TQ3_1 quantization failed with code {rc}")
-        return out
-
-    return map_rows(chunk, x, threads)
+    return c_quantize(_tq3_1, x, "TQ3_1", QK, BLOCK_BYTES, threads)
 
 
 def dequantize_tq3_1(data: np.ndarray) -> np.ndarray:
-    data = _blocks_u8(data)
-    out = np.empty((data.shape[0], data.shape[1] // BLOCK_BYTES * QK), dtype=np.float32)
-    _tq3_1.dequantize_rows(data, out)
-    return out
+    return c_dequantize(_tq3_1, data, "TQ3_1", QK, BLOCK_BYTES)
 
 
 def vec_dot_tq3_1_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Row-wise gqt_vec_dot_tq3_1_q8_0: x TQ3_1 rows, y ggml Q8_0 rows of the same length -> float32 [rows]."""
-    x = _blocks_u8(x)
-    y = np.ascontiguousarray(np.asarray(y).view(np.uint8)).reshape(len(x), -1)
-    if y.shape[1] != x.shape[1] // BLOCK_BYTES * 34:
-        raise GgufToolError(f"vec_dot: {x.shape[1] // BLOCK_BYTES} TQ3_1 blocks per row need "
-                            f"{x.shape[1] // BLOCK_BYTES * 34} bytes of Q8_0 per row, got {y.shape[1]}")
-    out = np.empty(x.shape[0], dtype=np.float32)
-    _tq3_1.vec_dot_rows(x, y, out)
-    return out
+    return c_vec_dot_q8_0(_tq3_1, x, y, "TQ3_1", BLOCK_BYTES)
 
 
 # ---------------------------------------------------------------- numpy twins
