@@ -33,8 +33,6 @@ def default_text() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "pride_and_prejudice.txt"
 
 
-
-
 @dataclass
 class Settings:
     ctx: int = 512
