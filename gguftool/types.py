@@ -105,7 +105,10 @@ RETIRED_IDS = {t.id: t for t in RETIRED}
 
 # Stock types gguftool writes, bit-identical to llama.cpp's reference quantizers (gguf.quants).
 STOCK_PRODUCIBLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-PRODUCIBLE = STOCK_PRODUCIBLE + tuple(BY_NAME)
+# Stock types only ggml's own C quantizers write (through the native build's library, gguftool/native/ggml_lib.py).
+NATIVE_STOCK = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+                "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+PRODUCIBLE = STOCK_PRODUCIBLE + NATIVE_STOCK + tuple(BY_NAME)
 # Stock layouts the HQQ solver can also fill (x = d*q + m, Q4_HQQ's math): name -> bits per code.
 HQQ_STOCK_TARGETS = {"Q4_1": 4, "Q5_1": 5}
 # Stock KV-cache types gguftool sizes and validates, most bits first (llama.cpp also takes iq4_nl).

@@ -45,7 +45,7 @@ def test_recipe_caches_are_the_measured_picks():
 @pytest.mark.parametrize("body, message", [
     ('type = "Q4_HQQ"\ncolour = "red"\n', "unknown key(s) ['colour']"),
     ('type = "Q4_7"\n', "unknown quantization type 'Q4_7'"),
-    ('type = "Q3_K"\n', "cannot produce Q3_K"),
+    ('type = "Q8_K"\n', "unknown quantization type 'Q8_K'"),
     ('type = "Q4_0"\n[[rules]]\npattern = "attn_v"\ntype = "Q9"\n', "rules[0]: unknown quantization type"),
     ('type = "Q4_0"\n[[rules]]\npattern = "(("\ntype = "Q8_0"\n', "bad regular expression"),
     ('type = "Q4_0"\n[[rules]]\npattern = "x"\ntype = "Q8_0"\nsize = 3\n', "rules[0]: unknown key(s) ['size']"),

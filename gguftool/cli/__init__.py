@@ -13,7 +13,8 @@ import traceback
 from ..errors import GgufToolError
 
 # noun -> module under gguftool.cli exposing add_parser(subparsers)
-COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_calibrate", "native", "validate")
+COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_calibrate", "imatrix", "native",
+            "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:

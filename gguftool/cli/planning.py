@@ -33,6 +33,12 @@ def add_plan_args(p) -> None:
     p.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
     p.add_argument("--dry-run", action="store_true", help="print the per-tensor plan and the size; write nothing")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format of --dry-run")
+    p.add_argument("--imatrix", type=Path, metavar="FILE",
+                   help="importance matrix (GGUF or legacy .dat, from llama-imatrix or `gguftool imatrix`)")
+    p.add_argument("--include-weights", action="append", default=[], metavar="NAME",
+                   help="use the importance matrix only for tensors whose name contains NAME (repeatable)")
+    p.add_argument("--exclude-weights", action="append", default=[], metavar="NAME",
+                   help="do not use the importance matrix for tensors whose name contains NAME (repeatable)")
     p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-kv-calibrate", action="store_true",
                    help="skip the kv-calibrate step of a recipe whose [kv] says calibrate = true")
@@ -84,6 +90,45 @@ def options(args, default_type: str | None = None):
     return opts, params, record, recipe
 
 
+def load_imatrix(args):
+    """--imatrix with --include-weights / --exclude-weights (llama-quantize's options), or None."""
+    if args.include_weights and args.exclude_weights:
+        raise GgufToolError("--include-weights and --exclude-weights cannot be used together (as in llama-quantize)")
+    if args.imatrix is None:
+        if args.include_weights or args.exclude_weights:
+            raise GgufToolError("--include-weights / --exclude-weights select from an importance matrix: add --imatrix FILE")
+        return None
+    from ..io.imatrix import load
+    return load(args.imatrix).select(args.include_weights, args.exclude_weights)
+
+
+def llama_file_type(opts: planning.Options, model: Path, imatrix_path: Path | None) -> None:
+    """A llama-quantize file type as target (Q4_K_M, IQ3_S, also Q4_0): its own per-tensor mix, planned by
+    the native build's llama-quantize. Without the build, the K/IQ mixes cannot be made; the legacy
+    types keep gguftool's rules (the same but for a Q6_K output on rows of 256)."""
+    from ..native import tools
+    from ..pipeline import llama_mix
+    ft = llama_mix.ftype(opts.target)
+    if ft is None:
+        return
+    legacy = ft in types.STOCK_PRODUCIBLE
+    try:
+        tools.find_build()
+    except GgufToolError as e:
+        if legacy:
+            return
+        raise GgufToolError(f"{opts.target} is a llama-quantize mix of ggml's own quantizers: it needs the native "
+                            f"build ({e.message})", hint="run `gguftool native build` (~5 min on 2 cores)") from None
+    try:
+        opts.mix = llama_mix.plan(model, ft, pure=opts.pure, imatrix=imatrix_path)
+    except GgufToolError as e:
+        if not legacy:
+            raise
+        warn(f"{e.message.splitlines()[0]}; using gguftool's rules for {ft}")
+        return
+    opts.target = ft
+
+
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
@@ -117,10 +162,12 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     from ..pipeline.quantize import run as run_quantize
     src = GGUFFile(src_path)
     opts, params, rec, recipe = options(args, default_type)
+    imatrix = load_imatrix(args)
+    llama_file_type(opts, src_path, args.imatrix)
 
     def write(plan):
         run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params,
-                     record={**rec, **(record or {})})
+                     record={**rec, **(record or {})}, imatrix=imatrix)
 
     plan = execute(args, src, out, [src_path], opts, params, write,
                    refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)

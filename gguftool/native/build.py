@@ -27,7 +27,8 @@ from ..errors import GgufToolError
 from . import integrate, source
 
 TARGETS = ("llama-completion", "llama-perplexity", "llama-bench", "llama-quantize", "llama-embedding",
-           "gguftool-check", "gguftool-kvdump")
+           "llama-imatrix", "gguftool-check", "gguftool-kvdump", "gguftool-ggml")
+LIBRARIES = {"gguftool-ggml": "gguftool-ggml.so"}   # targets that are shared libraries, not programs
 STAMP = "gguftool-build.json"
 LOG = "gguftool-build.log"
 
@@ -70,7 +71,17 @@ class BuildResult:
     info: dict = field(default_factory=dict)
 
     def tool(self, name: str) -> Path:
-        return self.bin_dir / name
+        return self.bin_dir / target_file(name)
+
+
+def target_file(target: str) -> str:
+    """The file a build target leaves in bin/."""
+    return LIBRARIES.get(target, target)
+
+
+def missing_targets(bins: Path) -> list[str]:
+    """The targets missing from `bins`."""
+    return [t for t in TARGETS if not (bins / target_file(t)).is_file()]
 
 
 def _which_any(names: list[str]) -> str | None:
@@ -171,7 +182,7 @@ def build(jobs: int = 2, native: bool = True, force: bool = False, root: Path | 
     stamp = read_stamp(bdir)
     bins = bdir / "bin"
     if (not force and stamp and stamp.get("key") == key
-            and all((bins / t).is_file() for t in TARGETS)):
+            and not missing_targets(bins)):
         return BuildResult(bdir, bins, key, True, time.monotonic() - t0, stamp)
 
     tree = source.unpack(root, log=log)
@@ -186,7 +197,7 @@ def build(jobs: int = 2, native: bool = True, force: bool = False, root: Path | 
         log(f"building {', '.join(TARGETS)} with -j{jobs} (log: {bdir / LOG}) ...")
         _run_logged([cmake, "--build", str(bdir), "--config", "Release", "-j", str(jobs), "--target", *TARGETS],
                     logf, log, "cmake build")
-    missing = [t for t in TARGETS if not (bins / t).is_file()]
+    missing = missing_targets(bins)
     if missing:
         raise GgufToolError(f"build finished but {missing} are missing from {bins}", f"see {bdir / LOG}")
     info = {

@@ -290,6 +290,15 @@ endif()
 # attention-input dump for offline KV calibration (gguftool/native/patches/gqt_kvdump.cpp)
 add_executable(gguftool-kvdump ${CMAKE_CURRENT_LIST_DIR}/gqt_kvdump.cpp)
 target_link_libraries(gguftool-kvdump PRIVATE llama-common llama ${CMAKE_THREAD_LIBS_INIT})
+
+# ggml's quantizers for Python's ctypes (gguftool/native/patches/gqt_ggml_lib.c): ggml-base in a
+# shared library beside the tools; ggml-base holds no hot kernels, so PIC costs the tools nothing
+set_target_properties(ggml-base PROPERTIES POSITION_INDEPENDENT_CODE ON)
+add_library(gguftool-ggml SHARED ${CMAKE_CURRENT_LIST_DIR}/gqt_ggml_lib.c)
+target_include_directories(gguftool-ggml PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../ggml/include)
+target_link_libraries(gguftool-ggml PRIVATE ggml-base)
+set_target_properties(gguftool-ggml PROPERTIES PREFIX "" SUFFIX ".so"
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 """
 
 
@@ -375,7 +384,7 @@ def integrate(tree: Path, kernel_dir: Path = KERNEL_DIR, log=print) -> dict:
     cmake = CMAKE_TEMPLATE.replace("@BASE@", " ".join(base)).replace("@CPU@", " ".join(cpu))
     if _write_if_changed(gq / "gguftool.cmake", cmake.encode()):
         changed.append("gguftool/gguftool.cmake")
-    for name in ("gqt_check.c", "gqt_kvdump.cpp", "gqt_kv_calib.h", "gqt_kv_calib.cpp"):
+    for name in ("gqt_check.c", "gqt_kvdump.cpp", "gqt_kv_calib.h", "gqt_kv_calib.cpp", "gqt_ggml_lib.c"):
         if _write_if_changed(gq / name, (PATCH_DIR / name).read_bytes()):
             changed.append(f"gguftool/{name}")
 

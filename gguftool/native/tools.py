@@ -16,7 +16,7 @@ def find_build(native: bool = True, root: Path | None = None, require_current: b
     bdir = _build.build_dir(root or source.cache_root(), native)
     stamp = _build.read_stamp(bdir)
     bins = bdir / "bin"
-    if not stamp or not all((bins / t).is_file() for t in _build.TARGETS):
+    if not stamp or _build.missing_targets(bins):
         raise GgufToolError(f"no native llama.cpp build in {bdir}",
                             "run `gguftool native build` (or scripts/build_native.sh), ~4 min on 2 cores")
     if require_current:

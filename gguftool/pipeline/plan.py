@@ -1,9 +1,10 @@
 """Which type each tensor gets: llama.cpp's default mixing rules, user overrides, and fallbacks.
 
 Rules follow llama-quantize (src/llama-quant.cpp): only 2-D+ `*.weight` tensors are quantized;
-norms and other 1-D tensors keep their type; `output.weight` (or a tied `token_embd.weight`)
-stays at higher precision (Q8_0 here, where llama.cpp picks Q6_K that we do not produce);
-a tensor whose rows do not divide the block size falls back to a type that fits.
+norms and other 1-D tensors keep their type. For llama-quantize's file types (Q4_K_M, ...), the
+mix is its own (Options.mix, planned by the native build: pipeline/llama_mix.py). Without it,
+`output.weight` (or a tied `token_embd.weight`) stays at Q8_0 where llama.cpp would pick Q6_K on
+rows of 256; a tensor whose rows do not divide the block size falls back to a type that fits.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ..errors import GgufToolError
 from ..quant import codec
-from ..types import CUSTOM_TYPES, PRODUCIBLE, TensorType
+from ..types import CUSTOM_TYPES, NATIVE_STOCK, PRODUCIBLE, TensorType
+from . import llama_mix
 from .source import ModelSource, TensorSource
 
 OUTPUT = "output.weight"
@@ -24,7 +26,7 @@ KEEP_PATTERNS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight
                  "per_layer_model_proj", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight")
 KEEP_NAMES = ("position_embd.weight", "token_types.weight")
 # Fallback chains when the row length does not divide the block size (then Q8_0 or F16, as llama-quantize).
-FALLBACK = {t.name: t.fallback for t in CUSTOM_TYPES if t.fallback}
+FALLBACK = {**llama_mix.FALLBACK, **{t.name: t.fallback for t in CUSTOM_TYPES if t.fallback}}
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Options:
     token_embedding_type: str | None = None
     pure: bool = False
     leave_output_tensor: bool = False
+    mix: dict[str, str] | None = None   # llama-quantize's type per tensor for a file type (llama_mix.plan)
 
 
 @dataclass
@@ -106,6 +109,9 @@ def _producible(name: str):
     if c.quantize is None:
         raise GgufToolError(f"gguftool cannot produce {c.name} (it can read it)",
                             hint="targets: " + " ".join(PRODUCIBLE))
+    if c.name in NATIVE_STOCK:   # before anything is planned or written
+        from ..native import ggml_lib
+        ggml_lib.require(c.name)
     return c
 
 
@@ -119,7 +125,8 @@ def _fit(tname: str, n_per_row: int) -> tuple[str, str]:
 
 
 def make_plan(src: ModelSource, opts: Options) -> Plan:
-    _producible(opts.target)
+    if opts.mix is None:
+        _producible(opts.target)
     has_output = OUTPUT in src
     steps = []
     for t in src.tensors:
@@ -169,6 +176,10 @@ def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | Non
     is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
     if is_output and opts.output_tensor_type:
         return _producible(opts.output_tensor_type).name, "", None
+    if opts.mix is not None:   # llama-quantize's own choice (output and fallbacks included)
+        if name not in opts.mix:
+            raise GgufToolError(f"llama-quantize's {opts.target} plan has no tensor {name!r}")
+        return _producible(opts.mix[name]).name, "", None
     if is_output and not opts.pure:
         hp = HIGH_PRECISION if codec(opts.target).bpw < codec(HIGH_PRECISION).bpw else opts.target
         return hp, ("output tensor kept at higher precision" if hp != opts.target else ""), None

@@ -11,9 +11,12 @@ from gguf import GGUFValueType, LlamaFileType
 
 from .. import types
 from ..errors import GgufToolError
+from ..io.imatrix import Imatrix
+from ..io.split import SplitSpec, SplitWriter
 from ..io.writer import StreamingWriter
 from ..quant import Codec, codec
 from ..quant.parallel import map_row_ranges
+from . import llama_mix
 from .plan import Plan
 from .progress import bar
 from .source import ModelSource, TensorSource
@@ -55,11 +58,39 @@ def dequantize_rows(src: ModelSource, t: TensorSource, r0: int, r1: int) -> np.n
     return np.asarray(codec(t.type.name).dequantize(rows), dtype=np.float32).reshape(r1 - r0, t.n_per_row)
 
 
-def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int, params: dict[str, Any], progress=None):
+def importance(imatrix: Imatrix | None, t: TensorSource) -> np.ndarray | None:
+    """The tensor's importance weights [n_mat, n_per_row], as llama-quantize picks them (none found: None)."""
+    vec = imatrix.entries.get(t.name) if imatrix else None
+    if vec is None:
+        return None
+    n_mat = t.n_rows // t.shape[-2] if len(t.shape) > 2 else 1
+    if vec.size != n_mat * t.n_per_row:
+        if t.name.startswith("token_embd."):   # llama-quantize ignores a mismatch here only
+            return None
+        raise GgufToolError(f"{imatrix.path}: {t.name} has {vec.size} importance values, the tensor needs "
+                            f"{n_mat * t.n_per_row} ({n_mat} x {t.n_per_row})", hint="was it made for another model?")
+    return vec.reshape(n_mat, t.n_per_row)
+
+
+def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int, params: dict[str, Any], progress=None,
+                    weights: np.ndarray | None = None):
     """Yields the output bytes of `t` chunk by chunk, as uint8 [rows, row_bytes]. Each thread
-    decodes its own rows to float32 and quantizes them, so decoding runs in parallel too."""
+    decodes its own rows to float32 and quantizes them, so decoding runs in parallel too.
+    weights: importance [n_mat, n_per_row]; row r of the tensor uses matrix r // (rows per matrix)."""
     step = max(1, CHUNK_VALUES // t.n_per_row)
     p = solver_params(out, params)
+    per_mat = t.n_rows // len(weights) if weights is not None else t.n_rows
+
+    def encode(x: np.ndarray, r0: int) -> np.ndarray:
+        if weights is None or not out.importance:
+            return out.quantize(x, threads=1, **p)
+        parts, r = [], r0   # split at matrix (expert) boundaries: each has its own weights
+        while r < r0 + len(x):
+            m = r // per_mat
+            r1 = min(r0 + len(x), (m + 1) * per_mat)
+            parts.append(out.quantize(x[r - r0:r1 - r0], threads=1, imatrix=weights[m], **p))
+            r = r1
+        return np.concatenate(parts)
 
     def rows(r0: int, r1: int) -> np.ndarray:
         x = dequantize_rows(src, t, r0, r1)
@@ -70,7 +101,7 @@ def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int,
             raise GgufToolError(f"{src.path}: tensor {t.name!r} holds {x[r, c]} at row {r0 + r}, column {c}",
                                 hint="the model is broken; fix the source weights (no type can encode NaN/Inf)")
         try:
-            return out.quantize(x, threads=1, **p)
+            return encode(x, r0)
         except GgufToolError as e:
             raise GgufToolError(f"tensor {t.name!r}: {e.message}", e.hint) from None
 
@@ -82,19 +113,47 @@ def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int,
         yield q
 
 
+def check_importance(plan: Plan, imatrix: Imatrix | None, file_type: str | None) -> None:
+    """Before anything is written: the tensors llama-quantize would refuse without importance data."""
+    for s in plan.steps:
+        if s.action == "quantize" and llama_mix.requires_imatrix(s.tensor.name, s.out_type.name, file_type):
+            if imatrix is None or s.tensor.name not in imatrix.entries:
+                raise GgufToolError(f"{s.tensor.name} -> {s.out_type.name} needs an importance matrix"
+                                    + (f" ({imatrix.path} has no entry for it)" if imatrix else ""),
+                                    hint="pass --imatrix FILE (make one with `gguftool imatrix MODEL --text FILE`)")
+            importance(imatrix, s.tensor)   # a size mismatch fails here too
+
+
+def imatrix_record(imatrix: Imatrix) -> dict[str, Any]:
+    """llama-quantize's quantize.imatrix.* keys (tools/quantize/quantize.cpp)."""
+    rec = {"quantize.imatrix.file": (str(imatrix.path), GGUFValueType.STRING),
+           "quantize.imatrix.entries_count": (len(imatrix.entries), GGUFValueType.INT32),
+           "quantize.imatrix.chunks_count": (imatrix.chunk_count, GGUFValueType.INT32)}
+    if imatrix.datasets:
+        rec["quantize.imatrix.dataset"] = (imatrix.datasets[0], GGUFValueType.STRING)
+    return rec
+
+
 def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: int = 1,
-        params: dict[str, Any] | None = None, record: dict[str, str] | None = None) -> None:
+        params: dict[str, Any] | None = None, record: dict[str, str] | None = None,
+        imatrix: Imatrix | None = None, split: SplitSpec | None = None) -> list[Path]:
+    """Writes `out_path` (split: its shards, llama-gguf-split's format); returns the files written."""
     params = params or {}
-    w = StreamingWriter(out_path, src.architecture)
+    file_type = llama_mix.ftype(target)
+    check_importance(plan, imatrix, file_type)
+    w = StreamingWriter(out_path, src.architecture) if split is None else \
+        SplitWriter(out_path, src.architecture, split, getattr(src, "paths", [src.path]))
     src.write_metadata(w)
     custom = types.lookup(target)
     # our llama.cpp build numbers a custom type's file type by its type id (what its llama-quantize writes)
-    ftype = custom.id if custom else getattr(LlamaFileType, f"MOSTLY_{target}", None) or (
+    ftype = custom.id if custom else getattr(LlamaFileType, f"MOSTLY_{file_type or target}", None) or (
         LlamaFileType.ALL_F32 if target == "F32" else None)
     if ftype is not None:
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
     else:
         w.remove("general.file_type")
+    for key, (value, vtype) in (imatrix_record(imatrix) if imatrix else {}).items():
+        w.add(key, value, vtype)
     record = {"quantize.target": target, **(record or {})}
     hqq_steps = _hqq_steps(plan, params)
     if hqq_steps:
@@ -113,6 +172,8 @@ def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: i
                 w.write(t.raw_rows())
                 pb.update(t.n_bytes)
             else:
-                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, {**params, **s.params}, pb))
+                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, {**params, **s.params}, pb,
+                                               importance(imatrix, t)))
             src.release(t)
         w.commit()
+    return w.paths if isinstance(w, SplitWriter) else [Path(out_path)]

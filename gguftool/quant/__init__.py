@@ -25,6 +25,7 @@ class Codec:
     quantize: QuantizeFn | None      # None: the type can be read but not produced
     dequantize: DequantizeFn | None
     params: dict[str, Any] = field(default_factory=dict)  # solver parameters it accepts, with defaults
+    importance: bool = False         # quantize() takes imatrix= (per-column weights)
 
     name = property(lambda self: self.type.name)
     id = property(lambda self: self.type.id)
@@ -42,11 +43,11 @@ _UNAVAILABLE: dict[str, str] = {}  # family module -> why it could not load
 
 
 def register(t: types.TensorType, quantize: QuantizeFn | None, dequantize: DequantizeFn | None,
-             params: dict[str, Any] | None = None) -> Codec:
+             params: dict[str, Any] | None = None, importance: bool = False) -> Codec:
     """The codec of type `t`; a type has one codec (like gguf-py's one class per qtype)."""
     if t.name in _CODECS:
         raise ValueError(f"a codec for {t.name} is already registered")
-    c = _CODECS[t.name] = Codec(t, quantize, dequantize, dict(params or {}))
+    c = _CODECS[t.name] = Codec(t, quantize, dequantize, dict(params or {}), importance)
     return c
 
 

@@ -1,5 +1,7 @@
-"""Upstream ggml types through gguf.quants: its numpy code is a bit-exact port of ggml's reference
-quantizers (`quantize_row_*_ref`), so our standard outputs equal llama-quantize's reference path."""
+"""Upstream ggml types. Without an importance matrix, the legacy types go through gguf.quants, whose numpy
+code is a bit-exact port of ggml's reference quantizers (`quantize_row_*_ref`). The types it has no
+quantizer for (K-quants, IQ, TQ, MXFP4) and any type given an importance matrix go through ggml's own
+C code from the native build (native/ggml_lib.py): both give llama-quantize's bytes."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +15,23 @@ from . import register
 from .parallel import map_rows
 
 
+def _ggml(t: GGMLQuantizationType, x: np.ndarray, threads: int, imatrix: np.ndarray | None) -> np.ndarray:
+    from ..native import ggml_lib
+    row_bytes = x.shape[1] // types.stock(t.name).block_size * types.stock(t.name).type_size
+    return map_rows(lambda rows: ggml_lib.quantize(t, rows, row_bytes, imatrix), x, threads)
+
+
+def _native_quantizer(t: GGMLQuantizationType):
+    def quantize(x: np.ndarray, *, threads: int = 1, imatrix: np.ndarray | None = None) -> np.ndarray:
+        return _ggml(t, x, threads, imatrix)
+    return quantize
+
+
 def _quantizer(t: GGMLQuantizationType):
-    def quantize(x: np.ndarray, *, threads: int = 1, solver: str = "ref", **params: Any) -> np.ndarray:
+    def quantize(x: np.ndarray, *, threads: int = 1, solver: str = "ref", imatrix: np.ndarray | None = None,
+                 **params: Any) -> np.ndarray:
+        if imatrix is not None and solver == "ref":   # ggml's weighted search, as llama-quantize --imatrix
+            return _ggml(t, x, threads, imatrix)
         if solver == "hqq":
             if t.name not in types.HQQ_STOCK_TARGETS:
                 raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
@@ -58,5 +75,7 @@ def _readable(t: GGMLQuantizationType) -> bool:
 
 for _t in GGMLQuantizationType:   # every type gguf.quants reads; those gguftool writes can be produced
     if _readable(_t):
-        register(types.stock(_t.name), _quantizer(_t) if _t.name in types.STOCK_PRODUCIBLE else None,
-                 _dequantizer(_t), {"solver": "ref"} if _t.name in types.HQQ_STOCK_TARGETS else {})
+        q = (_quantizer(_t) if _t.name in types.STOCK_PRODUCIBLE else
+             _native_quantizer(_t) if _t.name in types.NATIVE_STOCK else None)
+        register(types.stock(_t.name), q, _dequantizer(_t),
+                 {"solver": "ref"} if _t.name in types.HQQ_STOCK_TARGETS else {}, importance=q is not None)

@@ -1,0 +1,68 @@
+"""llama-quantize's file types (Q4_K_M, IQ3_S, ...) and its per-tensor rules.
+
+A file type is a mix: llama_tensor_get_type (src/llama-quant.cpp) picks each tensor's type from the
+architecture, layer, shape and tensor kind. That function changes with every model llama.cpp adds, so
+we never port it: the native build's own llama-quantize plans the mix (`--dry-run`, which reads only
+the header) and gguftool applies its usual rules (--tensor-type, recipes, HQQ) on top. The small
+tables below are llama-quantize's data (pinned source), checked against its dry runs by the tests.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from ..errors import GgufToolError
+
+# llama-quantize's QUANT_OPTIONS names (pinned tools/quantize/quantize.cpp) that gguf can represent.
+FTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4_MOE", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S",
+          "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+          "IQ3_XS", "IQ4_NL", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16", "F32")
+ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}   # as llama-quantize reads them
+
+# tensor_type_fallback: a type whose block does not divide the row -> the type llama-quantize uses
+# (then F16 if that does not divide either).
+FALLBACK = {**dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"), "IQ4_NL"),
+            **dict.fromkeys(("Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), "Q4_0"),
+            "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+# tensor_requires_imatrix: types that give garbage without an importance matrix
+NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
+
+_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\S+), size =[^(]*(?:\((\S+)\))?\s*$")
+
+
+def ftype(name: str) -> str | None:
+    """The llama-quantize file type a target names (aliases resolved), or None."""
+    n = ALIASES.get(name.upper(), name.upper())
+    return n if n in FTYPES else None
+
+
+def requires_imatrix(tensor: str, type_name: str, file_type: str | None) -> bool:
+    """llama-quantize refuses these tensors without an importance matrix."""
+    if tensor in ("token_embd.weight", "output.weight"):
+        return False
+    return type_name in NEEDS_IMATRIX or (type_name == "Q2_K" and file_type == "Q2_K_S")
+
+
+def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | None = None) -> dict[str, str]:
+    """{tensor name: type name} as the native build's llama-quantize would write `model` as `file_type`."""
+    from ..native import tools
+    exe = tools.tool("llama-quantize")
+    cmd = [str(exe), "--dry-run", *(["--pure"] if pure else []),
+           *(["--imatrix", str(imatrix)] if imatrix else []), str(model), file_type]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise GgufToolError(f"{exe}: the {file_type} plan failed: {e}") from None
+    types: dict[str, str] = {}
+    for line in (r.stdout + r.stderr).splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            name, cur, new = m.groups()
+            types[name] = (new or cur).upper()
+    if r.returncode != 0 or not types:
+        tail = "\n  ".join((r.stderr or r.stdout).strip().splitlines()[-6:])
+        raise GgufToolError(f"{model}: llama-quantize could not plan {file_type} (exit {r.returncode}):\n  {tail}",
+                            hint=f"command: {' '.join(cmd)}")
+    return types
