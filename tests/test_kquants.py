@@ -248,3 +248,39 @@ def test_mixes_without_the_native_build_say_how(tmp_path, rng, monkeypatch, caps
     # the legacy types still work, by gguftool's own rules
     assert main(["quantize", str(model), str(tmp_path / "o.gguf"), "Q4_0"]) == 0
     assert GGUFFile(tmp_path / "o.gguf").tensor("blk.0.ffn_up.weight").type.name == "Q4_0"
+
+
+@pytest.mark.native
+def test_convert_to_a_mix_equals_convert_then_llama_quantize(native, minilm_dir, tmp_path):  # noqa: F811
+    """A checkpoint straight to Q4_K_M (its mix planned on a sparse skeleton GGUF) equals llama.cpp's two
+    steps: convert to F32, then llama-quantize."""
+    f32, ref, ours = tmp_path / "f32.gguf", tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    assert main(["convert", str(minilm_dir), str(f32), "--outtype", "F32"]) == 0
+    llama_quantize(native, f32, ref, "Q4_K_M")
+    assert main(["convert", str(minilm_dir), str(ours), "--outtype", "Q4_K_M"]) == 0
+    counts = assert_same_tensors(ref, ours)
+    assert counts.get("Q4_K") and counts.get("Q6_K"), counts
+    assert not list(tmp_path.glob("*skeleton*"))
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("tname", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", *types.NATIVE_STOCK])
+def test_gguf_numpy_and_ggml_agree_so_either_path_gives_one_file(native, tname):  # noqa: F811
+    """With the native build, gguftool takes ggml's C code for the stock types (5-10x faster than gguf.quants'
+    numpy); the files must not depend on which path ran: same blocks, same decoded values."""
+    from gguf import GGMLQuantizationType, quants
+
+    from gguftool.native import ggml_lib
+    t = GGMLQuantizationType[tname]
+    rng = np.random.default_rng(11)
+    x = (rng.standard_t(3, (16, 512)) * 0.03).astype(np.float32)
+    x[0, :7] = [0.0, -0.0, 1e-30, -65504.0, 3e4, 1e-8, -1e-8]
+    x[1] = 0.0
+    tt = types.stock(tname)
+    row_bytes = 512 // tt.block_size * tt.type_size
+    imx = None if not ggml_lib.requires_imatrix(t) else np.ones(512, np.float32)
+    q = ggml_lib.quantize(t, x, row_bytes, imx)
+    np.testing.assert_array_equal(ggml_lib.dequantize(t, q, 512), quants.dequantize(q, t).reshape(16, 512))
+    if tname in types.STOCK_PRODUCIBLE:
+        np.testing.assert_array_equal(q, quants.quantize(x, t).view(np.uint8).reshape(q.shape))
+    assert ggml_lib.validate(t, q)

@@ -7,14 +7,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from .. import types
 from ..errors import GgufToolError
-from ..io.writer import check_output_path
+from ..io.writer import check_output_path, temporary_path
 from ..pipeline import plan as planning
 from ..pipeline.quantize import ignored_params
 from ..pipeline.source import ModelSource
+from .args import positive
 
 HQQ_OURS = ", ".join(t.name for t in types.of_family("hqq"))
 HQQ_STOCK = "/".join(types.HQQ_STOCK_TARGETS)
@@ -39,7 +41,7 @@ def add_plan_args(p) -> None:
                    help="use the importance matrix only for tensors whose name contains NAME (repeatable)")
     p.add_argument("--exclude-weights", action="append", default=[], metavar="NAME",
                    help="do not use the importance matrix for tensors whose name contains NAME (repeatable)")
-    p.add_argument("--threads", "-t", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", "-t", type=positive, default=os.cpu_count() or 1)
     p.add_argument("--no-kv-calibrate", action="store_true",
                    help="skip the kv-calibrate step of a recipe whose [kv] says calibrate = true")
     s = p.add_argument_group(f"HQQ solver ({HQQ_OURS}; {HQQ_STOCK} with --solver hqq)")
@@ -102,7 +104,7 @@ def load_imatrix(args):
     return load(args.imatrix).select(args.include_weights, args.exclude_weights)
 
 
-def llama_file_type(opts: planning.Options, model: Path, imatrix_path: Path | None) -> None:
+def llama_file_type(opts: planning.Options, src: ModelSource, imatrix_path: Path | None) -> None:
     """A llama-quantize file type as target (Q4_K_M, IQ3_S, also Q4_0): its own per-tensor mix, planned by
     the native build's llama-quantize. Without the build, the K/IQ mixes cannot be made; the legacy
     types keep gguftool's rules (the same but for a Q6_K output on rows of 256)."""
@@ -120,7 +122,7 @@ def llama_file_type(opts: planning.Options, model: Path, imatrix_path: Path | No
         raise GgufToolError(f"{opts.target} is a llama-quantize mix of ggml's own quantizers: it needs the native "
                             f"build ({e.message})", hint="run `gguftool native build` (~5 min on 2 cores)") from None
     try:
-        opts.mix = llama_mix.plan(model, ft, pure=opts.pure, imatrix=imatrix_path)
+        opts.mix = llama_mix.plan_model(src, ft, pure=opts.pure, imatrix=imatrix_path)
     except GgufToolError as e:
         if not legacy:
             raise
@@ -155,30 +157,39 @@ def execute(args, src: ModelSource, out: Path, inputs: list[Path], opts: plannin
 
 
 def requantize(args, src_path: Path, out: Path, *, default_type: str | None = None, record: dict | None = None,
-               refine=None):
-    """A GGUF file -> `out` by the shared options; refine(src, plan, opts, params, recipe) may change the
-    plan (size targets). Returns (plan, opts), or None after --dry-run."""
-    from ..io.reader import GGUFFile
+               refine=None, split=None):
+    """A GGUF file (or the first shard of a split one) -> `out` by the shared options; refine(src, plan, opts,
+    params, recipe) may change the plan (size targets); split: a gguftool.io.split.SplitSpec (an empty layout:
+    the input's). Returns (plan, opts, files written), or None after --dry-run."""
+    from ..io.split import SplitGGUF, open_gguf
     from ..pipeline.quantize import run as run_quantize
-    src = GGUFFile(src_path)
+    src = open_gguf(src_path)
+    if split is not None and split.layout == {}:   # --keep-split
+        if not isinstance(src, SplitGGUF):
+            warn(f"--keep-split: {src_path} is not split, so neither is the output")
+            split = None
+        else:
+            split = replace(split, layout={t.name: src.shard_of(t.name) for t in src.tensors})
+    written = []
     opts, params, rec, recipe = options(args, default_type)
     imatrix = load_imatrix(args)
-    llama_file_type(opts, src_path, args.imatrix)
+    llama_file_type(opts, src, args.imatrix)
 
     def write(plan):
-        run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params,
-                     record={**rec, **(record or {})}, imatrix=imatrix)
+        written[:] = run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params,
+                                  record={**rec, **(record or {})}, imatrix=imatrix, split=split)
 
-    plan = execute(args, src, out, [src_path], opts, params, write,
+    plan = execute(args, src, out, src.paths, opts, params, write,
                    refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
     if plan is not None:
-        kv_calibrate(args, recipe, out)
-    return None if plan is None else (plan, opts)
+        kv_calibrate(args, recipe, written[0], shard=split is not None)
+    return None if plan is None else (plan, opts, written)
 
 
-def kv_calibrate(args, recipe, out: Path) -> None:
+def kv_calibrate(args, recipe, out: Path, shard: bool = False) -> None:
     """A recipe whose KV cache types were measured on a kv-calibrated file gets the calibration in its
-    output (needs the native build; without it, a warning says how to add it later)."""
+    output (needs the native build; without it, a warning says how to add it later). shard: `out` is the
+    first shard of a split output, which alone holds the metadata, so only it is rewritten."""
     if recipe is None or not recipe.kv_calibrate or args.no_kv_calibrate:
         return
     from ..native import tools
@@ -191,9 +202,9 @@ def kv_calibrate(args, recipe, out: Path) -> None:
              f"which needs the native build ({e.message}); later: gguftool native build && "
              f"gguftool kv-calibrate {out} {out.with_suffix('')}-kv.gguf")
         return
-    tmp = out.with_name(f".{out.name}.kv-calibrate")
+    tmp = temporary_path(out, "kv-calibrate")
     try:
-        kvcalib.run(out, tmp, default_text(), threads=args.threads)
+        kvcalib.run(out, tmp, default_text(), threads=args.threads, shard=shard)
         os.replace(tmp, out)
     except GgufToolError as e:   # e.g. an encoder-only model: the weights are written, only the cache step fails
         warn(f"{out} is written without the KV calibration of recipe {recipe.name}: {e.message}")
@@ -220,9 +231,12 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
     quiet_gguf_logs()
     opts, params, rec, recipe = options(args, default_type or DEFAULT_OUTTYPE)
     model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
+    imatrix = load_imatrix(args)
+    llama_file_type(opts, model, args.imatrix)
 
     def write(plan):
-        run_convert(model, out, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan)
+        run_convert(model, out, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan,
+                    imatrix=imatrix)
 
     plan = execute(args, model, out, [model_dir], opts, params, write, make_plan=make_plan)
     if plan is not None:

@@ -8,11 +8,17 @@ tables below are llama-quantize's data (pinned source), checked against its dry 
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
+import gguf
+import numpy as np
+
 from ..errors import GgufToolError
+from .source import ModelSource
 
 # llama-quantize's QUANT_OPTIONS names (pinned tools/quantize/quantize.cpp) that gguf can represent.
 FTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4_MOE", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S",
@@ -66,3 +72,43 @@ def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | Non
         raise GgufToolError(f"{model}: llama-quantize could not plan {file_type} (exit {r.returncode}):\n  {tail}",
                             hint=f"command: {' '.join(cmd)}")
     return types
+
+
+def plan_model(src: ModelSource, file_type: str, *, pure: bool = False, imatrix: Path | None = None) -> dict[str, str]:
+    """plan() for any model source: a GGUF file as it is, a checkpoint through a skeleton GGUF of it."""
+    if Path(src.path).is_file():
+        return plan(Path(src.path), file_type, pure=pure, imatrix=imatrix)
+    with tempfile.TemporaryDirectory(prefix="gguftool-plan-") as d:
+        return plan(skeleton(src, Path(d) / "skeleton.gguf"), file_type, pure=pure, imatrix=imatrix)
+
+
+class _Collector:
+    """The metadata half of StreamingWriter's interface, into a plain GGUFWriter."""
+
+    def __init__(self, w: gguf.GGUFWriter):
+        self.w = w
+
+    def add(self, key, value, vtype, sub_type=None) -> None:
+        if key != gguf.Keys.General.ARCHITECTURE:
+            self.w.add_key_value(key, value, vtype, sub_type)
+
+    def remove(self, key) -> None:
+        self.w.kv_data[0].pop(key, None)
+
+
+def skeleton(src: ModelSource, path: Path) -> Path:
+    """`src`'s metadata and tensor table over a data section that is a hole in the file (sparse, no disk
+    used): all llama-quantize --dry-run reads, without converting the weights first."""
+    w = gguf.GGUFWriter(path, src.architecture)
+    src.write_metadata(_Collector(w))
+    data = 0
+    for t in src.tensors:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.n_bytes, raw_dtype=t.type.id)
+        data += -(-t.n_bytes // w.data_alignment) * w.data_alignment
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    end = w.fout[0].tell()
+    w.close()
+    os.truncate(path, -(-end // w.data_alignment) * w.data_alignment + data)
+    return path

@@ -4,6 +4,7 @@ quantizer for (K-quants, IQ, TQ, MXFP4) and any type given an importance matrix 
 C code from the native build (native/ggml_lib.py): both give llama-quantize's bytes."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,17 @@ from .. import types
 from ..errors import GgufToolError
 from . import register
 from .parallel import map_rows
+
+
+@lru_cache(maxsize=1)
+def _ggml_available() -> bool:
+    """ggml's C quantizers are here (native build): the same bytes as gguf.quants' numpy, 5-10x faster."""
+    from ..native import ggml_lib
+    try:
+        ggml_lib.library()
+    except GgufToolError:
+        return False
+    return True
 
 
 def _ggml(t: GGMLQuantizationType, x: np.ndarray, threads: int, imatrix: np.ndarray | None) -> np.ndarray:
@@ -30,8 +42,8 @@ def _native_quantizer(t: GGMLQuantizationType):
 def _quantizer(t: GGMLQuantizationType):
     def quantize(x: np.ndarray, *, threads: int = 1, solver: str = "ref", imatrix: np.ndarray | None = None,
                  **params: Any) -> np.ndarray:
-        if imatrix is not None and solver == "ref":   # ggml's weighted search, as llama-quantize --imatrix
-            return _ggml(t, x, threads, imatrix)
+        if solver == "ref" and (imatrix is not None or (_ggml_available() and types.stock(t.name).block_size > 1)):
+            return _ggml(t, x, threads, imatrix)   # with imatrix: ggml's weighted search, as llama-quantize
         if solver == "hqq":
             if t.name not in types.HQQ_STOCK_TARGETS:
                 raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
@@ -65,6 +77,11 @@ def _dequantizer(t: GGMLQuantizationType):
             return data.view(np.float32)
         if t == GGMLQuantizationType.F16:
             return _f16_to_f32(data.view(np.uint16))
+        if (_ggml_available() and t.name in types.STOCK_PRODUCIBLE + types.NATIVE_STOCK and data.ndim == 2
+                and types.stock(t.name).block_size > 1):
+            from ..native import ggml_lib
+            tt = types.stock(t.name)
+            return ggml_lib.dequantize(t, data, data.shape[1] // tt.type_size * tt.block_size)
         return quants.dequantize(data.view(np.uint8), t).astype(np.float32, copy=False)
     return dequantize
 
