@@ -106,6 +106,11 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     assert re.match(r"(reused cached build|built) in ", gt("native", "build", "-j", "2", timeout=3600))
     assert "cache:" in gt("native", "info")
 
+    gt("imatrix", smollm2, "-o", "smol.imatrix.gguf", "--chunks", "2", "--ctx", "128")
+    gt("quantize", smollm2, "q4km.gguf", "Q4_K_M", "--allow-requantize", "--imatrix", "smol.imatrix.gguf")
+    km = GGUFFile(work / "q4km.gguf")
+    assert {"Q4_K", "Q6_K"} <= {t.type.name for t in km.tensors} and km.get("quantize.imatrix.entries_count") > 100
+
     # the default --out is relative (validate-out): the runs happen inside it
     gt("validate", smollm2, "--target", "local", "--isolate", "--types", "f16,tq3_1", "--chunks", "2", "--ctx", "128",
        "--no-sample", "--bench-p", "16", "--bench-n", "4", "--reps", "1", timeout=3600)
