@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
+import signal
 import sys
+import threading
 import traceback
 
 from ..errors import GgufToolError
+from .args import Parser
 
 # noun -> module under gguftool.cli exposing add_parser(subparsers)
 COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_calibrate", "imatrix", "native",
@@ -18,7 +22,7 @@ COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gguftool",
         description="Requantize LLMs (GGUF or Hugging Face) to HQQ / TurboQuant types and prove them in llama.cpp.",
         epilog="Run `gguftool COMMAND --help` for worked examples. Set GGUFTOOL_DEBUG=1 for tracebacks.",
@@ -37,10 +41,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is: a KeyboardInterrupt, so that every clean-up that
+    runs for Ctrl-C (the writers remove their temporary file) runs for these too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+def _stdout_closed() -> bool:
+    """stdout is a pipe whose reader has gone (`gguftool inspect m.gguf | head -1`)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):   # no real stdout (tests capture it)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():   # signal handlers can only be set there
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:   # keep nohup's ignored SIGHUP
+                previous[sig] = signal.signal(sig, _raise_terminated)
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()   # here, where a closed pipe can still be told apart (below)
+        return rc
     except GgufToolError as e:
         if os.environ.get("GGUFTOOL_DEBUG"):
             traceback.print_exc()
@@ -48,9 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; no output file was left behind", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        how = "interrupted" if signum == signal.SIGINT else f"terminated by {signal.Signals(signum).name}"
+        print(f"{how}; no output file was left behind", file=sys.stderr)
+        return 128 + signum
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # The reader of our output has gone: stop quietly, as a C tool killed by SIGPIPE would. Python's
+        # advice (library/signal.html, "Note on SIGPIPE"): point stdout at devnull so that the flush at
+        # exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def formatter(prog: str) -> argparse.HelpFormatter:

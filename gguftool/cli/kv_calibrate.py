@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from . import formatter
+from .args import positive
 
 EXAMPLES = """examples:
   gguftool kv-calibrate model.gguf model-kv.gguf                 # the packaged Pride and Prejudice, 8 x 512 tokens
@@ -23,9 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("model", type=Path, help="GGUF file")
     p.add_argument("output", type=Path, help="GGUF file to write (the input plus the calibration)")
     p.add_argument("--text", type=Path, default=None, help="calibration text (default: the packaged Pride and Prejudice)")
-    p.add_argument("--chunks", type=int, default=8, help="chunks of --ctx tokens to measure (default 8)")
-    p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (default 512)")
-    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--chunks", type=positive, default=8, help="chunks of --ctx tokens to measure (default 8)")
+    p.add_argument("--ctx", type=positive, default=512, help="tokens per chunk (default 512)")
+    p.add_argument("-t", "--threads", type=positive, default=2)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -38,7 +39,8 @@ def run(args) -> int:
         if v < 1:
             raise GgufToolError(f"{name} must be at least 1 (got {v})")
     if not args.model.is_file():
-        raise GgufToolError(f"{args.model}: no such file")
+        from ..io.reader import GGUFFile
+        GGUFFile(args.model)   # raises, saying what the path is instead (a folder, a FIFO, nothing)
     text = args.text or default_text()
     if not text.is_file():
         raise GgufToolError(f"{text}: no such text file")

@@ -8,6 +8,7 @@ from ..io.reader import GGUFFile
 from ..pipeline import kvplan
 from ..pipeline.kvplan import DEFAULT_PAIRS, Shape
 from . import formatter
+from .args import positive
 from .size import parse_size
 
 EXAMPLES = """examples:
@@ -28,14 +29,14 @@ def add_parser(sub) -> None:
                        epilog=EXAMPLES, formatter_class=formatter)
     p.add_argument("model", nargs="?", help="GGUF file (its metadata gives layers, KV heads, head dims, window)")
     p.add_argument("--memory", required=True, help="budget, e.g. 2GiB")
-    p.add_argument("--ctx", type=int, default=None, help="the context to plan for (default: the trained length)")
+    p.add_argument("--ctx", type=positive, default=None, help="the context to plan for (default: the trained length)")
     p.add_argument("--kv", action="append", default=None, metavar="K/V",
                    help=f"a K/V pair to size, repeatable (default: {', '.join(DEFAULT_PAIRS)})")
     p.add_argument("--kv-only", action="store_true", help="the budget is for the cache alone (default: weights + cache)")
     p.add_argument("--swa-full", action="store_true", help="size sliding-window layers in full, as llama.cpp's --swa-full")
-    p.add_argument("--layers", type=int)
-    p.add_argument("--kv-heads", type=int)
-    p.add_argument("--head-dim", type=int)
+    p.add_argument("--layers", type=positive)
+    p.add_argument("--kv-heads", type=positive)
+    p.add_argument("--head-dim", type=positive)
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 

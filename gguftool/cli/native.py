@@ -6,6 +6,7 @@ import sys
 
 from ..errors import GgufToolError
 from . import formatter
+from .args import positive
 
 EXAMPLES = """examples:
   gguftool native build                 # fetch pinned llama.cpp, add our types, build (~4 min, cached)
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     b = verbs.add_parser("build", help="fetch, integrate and build (reuses the cache when nothing changed)",
                          epilog=EXAMPLES, formatter_class=formatter)
-    b.add_argument("-j", "--jobs", type=int, default=2, help="parallel compile jobs (default 2)")
+    b.add_argument("-j", "--jobs", type=positive, default=2, help="parallel compile jobs (default 2)")
     b.add_argument("--portable", action="store_true", help="GGML_NATIVE=OFF (no -march=native)")
     b.add_argument("--force", action="store_true", help="rebuild even if the cache key matches")
     b.add_argument("--format", choices=("text", "json"), default="text")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from . import formatter
+from .args import integer, number, positive
 
 EXAMPLES = """examples:
   gguftool validate model.gguf --target local                       # default K/V set, report in validate-out/
@@ -35,17 +36,17 @@ def add_parser(sub) -> None:
     p.add_argument("--reference-model", metavar="GGUF",
                    help="KL divergence against this model's logits (e.g. the f16/Q8_0 original) instead of MODEL with f16 KV")
     p.add_argument("--text", help="perplexity text (default: Pride and Prejudice, shipped with gguftool)")
-    p.add_argument("--chunks", type=int, default=8, help="perplexity chunks (default 8)")
-    p.add_argument("--ctx", type=int, default=512, help="context per chunk (default 512)")
-    p.add_argument("--threads", "-t", type=int, default=2)
+    p.add_argument("--chunks", type=positive, default=8, help="perplexity chunks (default 8)")
+    p.add_argument("--ctx", type=positive, default=512, help="context per chunk (default 512)")
+    p.add_argument("--threads", "-t", type=positive, default=2)
     p.add_argument("--no-rot", action="store_true", help="disable upstream's Q/K/V rotation (LLAMA_ATTN_ROT_DISABLE=1)")
     p.add_argument("--no-bench", action="store_true", help="skip llama-bench")
     p.add_argument("--no-sample", action="store_true", help="skip the generation sample")
     p.add_argument("--bench-p", type=int, default=64, help="llama-bench prompt tokens (default 64)")
     p.add_argument("--bench-n", type=int, default=16, help="llama-bench generated tokens (default 16)")
-    p.add_argument("--reps", type=int, default=3, help="llama-bench repetitions (default 3)")
+    p.add_argument("--reps", type=positive, default=3, help="llama-bench repetitions (default 3)")
     p.add_argument("--gen", type=int, default=32, help="tokens of the generation sample (default 32)")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=integer, default=42)
     p.add_argument("--sustained", type=float, default=0, metavar="SECONDS",
                    help="repeat generation this long per configuration and plot tokens/s over time")
     p.add_argument("--out", default="validate-out", help="report folder (default validate-out)")
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument("--arm-arch", default=None, help="-march of the aarch64 build (default armv8.2-a+dotprod+fp16)")
     p.add_argument("--rerender", metavar="DIR", help="rewrite DIR/report.md and plots from DIR/report.json "
                    "(re-running the isolation analysis), without running anything")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds per tool run (default 3600)")
+    p.add_argument("--timeout", type=number(float, above=0), default=3600, help="seconds per tool run (default 3600)")
     p.set_defaults(func=run)
 
 
@@ -83,6 +84,7 @@ def run(args) -> int:
         types = [session.parse_kv(t)[0] for t in args.types.split(",") if t.strip()]
     text = Path(args.text) if args.text else session.default_text()
     out = Path(args.out)
+    report.check_out(out)   # refuse a bad --out now, not after the runs
     settings = session.Settings(ctx=args.ctx, chunks=args.chunks, threads=args.threads, bench_p=args.bench_p,
                                 bench_n=args.bench_n, bench_reps=args.reps, gen_tokens=args.gen, seed=args.seed,
                                 rotation=not args.no_rot, bench=not args.no_bench, sample=not args.no_sample,

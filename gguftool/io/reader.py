@@ -188,6 +188,13 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        if self.path.is_dir():
+            checkpoint = (self.path / "config.json").is_file()
+            raise GgufToolError(f"{self.path}: is a directory, not a GGUF file",
+                                hint="it holds a Hugging Face checkpoint: `gguftool convert DIR OUT.gguf --outtype TYPE`"
+                                if checkpoint else "give the .gguf file itself")
+        if self.path.exists() and not self.path.is_file():   # a FIFO or device: mmap would fail or block
+            raise GgufToolError(f"{self.path}: not a regular file, so not a GGUF file")
         if not self.path.is_file():
             raise GgufToolError(f"{self.path}: no such file")
         if self.path.stat().st_size < 24:

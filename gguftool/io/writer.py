@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
+import stat
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,17 +27,85 @@ from .reader import GGUFFile
 
 
 def check_output_path(out: Path, inputs: list[Path]) -> None:
+    """Before any work: `out` may be written (then renamed over) without destroying an input or
+    something that is not a file. An input that is a directory (a checkpoint) protects every file in it."""
+    check_replaceable(out)
     for src in inputs:
-        same_file = out.exists() and src.exists() and os.path.samefile(out, src)
-        if same_file or out.resolve() == src.resolve():
-            raise GgufToolError(f"{out}: output path is the input file", hint="choose another output name")
+        if out.resolve() == src.resolve() or _is_input_file(out, src):
+            what = "a file of the input checkpoint" if src.is_dir() else "the input file"
+            raise GgufToolError(f"{out}: output path is {what} {src}", hint="choose another output name")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise GgufToolError(f"{out}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise GgufToolError(f"{out}: directory {parent} is not writable")
-    if out.is_dir():
-        raise GgufToolError(f"{out}: is a directory")
+
+
+def check_replaceable(out: Path) -> None:
+    """An existing `out` must be a regular file (or a link to one). The output is renamed over it, so a
+    FIFO, a socket or a device node - as root, /dev/null itself - would be replaced, never written to."""
+    try:
+        st = os.stat(out)   # follows a symlink: a link to a device is refused too
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as e:
+        raise GgufToolError(f"{out}: cannot use this output path: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise GgufToolError(f"{out}: is a directory", hint="give a file name for the output")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device node" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise GgufToolError(f"{out}: exists and is {kind}; gguftool writes regular files and will not replace it",
+                            hint="choose another output name")
+
+
+def _is_input_file(out: Path, src: Path) -> bool:
+    """`out` is `src`, or one of the files under the checkpoint directory `src`, by inode: symlinks and
+    hard links count. A GGUF file there is not one (convert reads none): a previous output, rewritten."""
+    try:
+        o = os.stat(out)
+    except OSError:
+        return False   # no such output yet: it cannot be an input
+    if not src.is_dir():
+        return src.exists() and os.path.samefile(out, src)
+    if stat.S_ISREG(o.st_mode):   # (opening a FIFO would block)
+        with contextlib.suppress(OSError), open(out, "rb") as f:
+            if f.read(4) == b"GGUF":
+                return False
+    seen = set()
+    for root, dirs, files in os.walk(src, followlinks=True):   # a checkpoint may link its sub-folders
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs.clear()   # a link loop
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for f in files:
+            with contextlib.suppress(OSError):
+                s = os.stat(os.path.join(root, f))
+                if (s.st_dev, s.st_ino) == (o.st_dev, o.st_ino):
+                    return True
+    return False
+
+
+def temporary_path(out: Path, tag: str) -> Path:
+    """The hidden sibling `.NAME.TAG` that `out` is written to before the rename. NAME is shortened so
+    that it fits NAME_MAX whenever `out`'s own name does (255 bytes is a legal name); the room kept
+    is for the longest tag, so the same output always gets the same shortened NAME."""
+    return out.with_name(f".{_temporary_stem(out)}.{tag}")
+
+
+_TAG_ROOM = 24   # ".{pid}.tmp" (pids have at most 7 digits on Linux), ".kv-calibrate"
+
+
+def _temporary_stem(out: Path) -> str:
+    try:
+        limit = os.pathconf(out.parent if str(out.parent) else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    stem = out.name
+    while stem and len(os.fsencode(stem)) + 1 + _TAG_ROOM > limit:
+        stem = stem[:-1]
+    return stem
 
 
 class RawValue(bytes):
@@ -68,7 +138,7 @@ class StreamingWriter:
 
     def __init__(self, out: str | os.PathLike[str], arch: str):
         self.out = Path(out)
-        self.tmp = self.out.with_name(f".{self.out.name}.{os.getpid()}.tmp")
+        self.tmp = temporary_path(self.out, f"{os.getpid()}.tmp")
         _remove_stale_temporaries(self.out)
         self._w = _Writer(None, arch)
         self._custom_used: set[str] = set()
@@ -118,6 +188,7 @@ class StreamingWriter:
                 self.add(f"{registry.META_PREFIX}{tname}.{attr}", getattr(t, attr), GGUFValueType.UINT32)
 
     def begin(self) -> None:
+        check_replaceable(self.out)   # before the work, and again at the rename (commit)
         self._record_custom_types()
         try:
             self._w.write_header_to_file(self.tmp)
@@ -158,10 +229,14 @@ class StreamingWriter:
                 f.flush()
                 os.fsync(f.fileno())
             self._w.close()
+            check_replaceable(self.out)
             os.replace(self.tmp, self.out)
         except OSError as e:
             self.abort()
             raise _os_error(self.out, e) from None
+        except GgufToolError:
+            self.abort()
+            raise
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
@@ -181,8 +256,9 @@ class StreamingWriter:
 
 def _remove_stale_temporaries(out: Path) -> None:
     """Temporary files left by a writer that was killed (SIGKILL, power loss) for the same output."""
-    for p in out.parent.glob(f".{out.name}.*.tmp"):
-        pid = p.name[len(out.name) + 2:-4]
+    stem = _temporary_stem(out)
+    for p in out.parent.glob(f".{glob.escape(stem)}.*.tmp"):
+        pid = p.name[len(stem) + 2:-4]
         if not pid.isdigit():
             continue
         try:

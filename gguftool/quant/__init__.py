@@ -5,6 +5,7 @@ only talks to `codec(name)`; each family module registers its codecs at import.
 """
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,8 +77,10 @@ def codec(name: str) -> Codec:
             raise GgufToolError(f"{name.upper()} needs gguftool's C extension, which failed to load: "
                                 + "; ".join(_UNAVAILABLE.values()),
                                 hint="reinstall with `pip install .` (it compiles the extension)")
-        raise GgufToolError(f"unknown quantization type {name!r}",
-                            hint="known: " + ", ".join(sorted(_CODECS)))
+        writable = sorted(n for n, c in _CODECS.items() if c.quantize is not None)   # what a user may ask for
+        close = difflib.get_close_matches(name.upper(), writable, n=1)
+        raise GgufToolError(f"unknown quantization type {name!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+                            hint="types gguftool can write: " + ", ".join(writable))
     return c
 
 

@@ -13,9 +13,21 @@ import tempfile
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..io.writer import check_replaceable
+
+REPORT_FILES = ("report.json", "report.md", "ppl_vs_bits.png", "tokens_per_s.png", "tokens_per_s_over_time.png")
+
+
+def check_out(out: Path) -> None:
+    """Before a validation run (it can take hours): the report folder and the files it will hold can be written."""
+    if out.exists() and not out.is_dir():
+        raise GgufToolError(f"{out}: the report folder is not a directory", hint="give a folder name for --out")
+    for name in REPORT_FILES:
+        check_replaceable(out / name)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    check_replaceable(path)   # a FIFO or device node there is refused, never replaced
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -54,6 +66,14 @@ def _label(c: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- plots
 
+def _save_png(fig, path: Path) -> None:
+    """Through _atomic_write: savefig into an existing FIFO would block, into a device node would write to it."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _atomic_write(path, buf.getvalue())
+
+
 def plots(rec: dict, out: Path) -> dict[str, str]:
     """Write the PNGs; returns name -> file (or {'skipped': reason})."""
     try:
@@ -88,7 +108,7 @@ def plots(rec: dict, out: Path) -> dict[str, str]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         files["ppl_vs_bits"] = "ppl_vs_bits.png"
-        fig.savefig(out / files["ppl_vs_bits"], dpi=110)
+        _save_png(fig, out / files["ppl_vs_bits"])
         plt.close(fig)
     bench = [(p, p["bench"]) for p in rec.get("perf", []) if p.get("bench") and not p["bench"].get("failed")]
     if bench:
@@ -107,7 +127,7 @@ def plots(rec: dict, out: Path) -> dict[str, str]:
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         files["tokens_per_s"] = "tokens_per_s.png"
-        fig.savefig(out / files["tokens_per_s"], dpi=110)
+        _save_png(fig, out / files["tokens_per_s"])
         plt.close(fig)
     sus = [p for p in rec.get("perf", []) if p.get("sustained") and p["sustained"].get("points")]
     if sus:
@@ -123,7 +143,7 @@ def plots(rec: dict, out: Path) -> dict[str, str]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         files["sustained"] = "tokens_per_s_over_time.png"
-        fig.savefig(out / files["sustained"], dpi=110)
+        _save_png(fig, out / files["sustained"])
         plt.close(fig)
     return files
 

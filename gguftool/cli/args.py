@@ -1,0 +1,67 @@
+"""The argparse pieces every command shares: the parser class and checked number types."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import re
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """' (did you mean X?)' for the closest candidate, or ''."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class Parser(argparse.ArgumentParser):
+    """Checked numbers, no prefix abbreviations (`--thr` must not silently mean `--threads`: a later
+    option starting the same way would change its meaning), and "did you mean" for a misspelt option or
+    choice. Sub-command parsers are made by add_subparsers with the parent's class: all are Parsers."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+        # Numbers typed on a command line are checked in every command: a plain type=int is a count
+        # (`--threads -1` refused), a plain type=float a finite number (`--timeout nan` refused). An
+        # option that needs more (at least 1) or less (a negative seed) names its own type (below).
+        self.register("type", int, count)
+        self.register("type", float, finite)
+
+    def parse_known_args(self, args=None, namespace=None):
+        # A sub-command parser is called through parse_known_args and hands what it does not know up to
+        # the top parser, which no longer knows the sub-command's options: report it here, with them.
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            unknown = next((a for a in extras if a.startswith("-") and len(a) > 1), None)
+            options = [s for act in self._actions for s in act.option_strings if s.startswith("--")]
+            hint = did_you_mean(unknown.split("=", 1)[0], options) if unknown else ""
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return ns, extras
+
+    def error(self, message: str):
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        super().error(message)
+
+
+def number(kind=int, *, lo=None, above=None):
+    """An argparse type: a `kind` (int or float) that is finite, >= lo and > above (when given)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(v):   # float() takes 'nan', 'inf', '1e999'
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if (lo is not None and v < lo) or (above is not None and v <= above):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {f'at least {lo}' if lo is not None else f'above {above}'}")
+        return v
+    parse.__name__ = kind.__name__
+    return parse
+
+
+count = number(int, lo=0)      # 0, 1, 2, ...: what a plain type=int means in gguftool's parsers
+positive = number(int, lo=1)   # 1, 2, ...: threads, chunks, context lengths
+integer = number(int)           # any integer, for the few options where a negative one means something
+finite = number(float)          # what a plain type=float means in gguftool's parsers

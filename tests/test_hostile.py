@@ -1,0 +1,373 @@
+"""Hostile and unlucky inputs (issue #14): each test feeds a case a user or a shared file can produce
+and asserts the outcome: a clean error (exit 1 or 2, one message, no traceback) and nothing lost.
+
+Classes: output safety (non-files as outputs, convert's checkpoint files as outputs, signals, long
+names, closed pipes), CLI habits (did you mean, no abbreviations, type hints, directories as models),
+values (recipe value types, values beyond the fp16 range, CLI numbers)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguftool.cli import build_parser, main
+from gguftool.errors import GgufToolError
+from gguftool.io.reader import GGUFFile
+from gguftool.io.writer import StreamingWriter, check_output_path, check_replaceable, temporary_path
+from gguftool.types import tensor_type
+
+from .conftest import tiny_llama
+from .test_convert import tiny_checkpoint
+
+TYPE = "Q4_HQQ"   # a gguftool type: quantize plans it itself (no native llama-quantize involved)
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _temporaries(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith(".") and ".tmp" in p.name)
+
+
+# ============================================================================ output safety
+
+def _fifo(p: Path) -> int:
+    os.mkfifo(p)
+    return stat.S_IFIFO
+
+
+def _dev_null_link(p: Path) -> int:
+    p.symlink_to("/dev/null")   # as root a replaced /dev/null would break the machine; a link is safe to test
+    return stat.S_IFCHR
+
+
+def _char_device(p: Path) -> int:
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))   # a second /dev/null
+    return stat.S_IFCHR
+
+
+def _directory(p: Path) -> int:
+    p.mkdir()
+    return stat.S_IFDIR
+
+
+def _socket(p: Path) -> int:
+    if len(os.fsencode(p)) > 100:
+        pytest.skip("path too long for a unix socket")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(p))
+    s.close()
+    return stat.S_IFSOCK
+
+
+NODES = {"fifo": _fifo, "dev-null-symlink": _dev_null_link, "char-device": _char_device,
+         "directory": _directory, "socket": _socket}
+
+
+@pytest.mark.parametrize("kind", NODES)
+def test_quantize_refuses_an_output_that_is_not_a_regular_file(tmp_path, rng, capsys, kind):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    out = tmp_path / "out.gguf"
+    fmt = NODES[kind](out)
+    assert main(["quantize", str(src), str(out), TYPE]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {out}: " in err and ("will not replace it" in err or "is a directory" in err)
+    assert stat.S_IFMT(os.stat(out).st_mode) == fmt   # still there, still what it was
+    assert _temporaries(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-null-symlink", "directory"])
+def test_convert_refuses_an_output_that_is_not_a_regular_file(tmp_path, rng, capsys, kind):
+    ck = tiny_checkpoint(tmp_path / "ck", rng)
+    out = tmp_path / "out.gguf"
+    fmt = NODES[kind](out)
+    assert main(["convert", str(ck), str(out)]) == 1
+    assert f"error: {out}: " in capsys.readouterr().err
+    assert stat.S_IFMT(os.stat(out).st_mode) == fmt
+
+
+def test_writer_refuses_a_fifo_at_begin_and_at_commit(tmp_path):
+    """Writers that do not call check_output_path (kv-calibrate's) are covered, and a FIFO made while
+    the file is written is refused at the rename, the temporary removed."""
+    out = tmp_path / "o.gguf"
+    os.mkfifo(out)
+    w = StreamingWriter(out, "llama")
+    w.add_tensor_info("a", (4, 32), tensor_type(0))
+    with pytest.raises(GgufToolError, match="is a FIFO"), w.session():
+        w.begin()
+    assert stat.S_ISFIFO(os.stat(out).st_mode) and _temporaries(tmp_path) == []
+    out.unlink()
+    w = StreamingWriter(out, "llama")
+    w.add_tensor_info("a", (4, 32), tensor_type(0))
+    with pytest.raises(GgufToolError, match="is a FIFO"), w.session():
+        w.begin()
+        w.write(np.zeros((4, 32), np.float32))
+        os.mkfifo(out)
+        w.commit()
+    assert stat.S_ISFIFO(os.stat(out).st_mode) and _temporaries(tmp_path) == []
+
+
+def test_report_files_that_are_not_regular_files_are_refused(tmp_path):
+    from gguftool.validate import report
+    out = tmp_path / "rep"
+    out.mkdir()
+    report.check_out(out)   # an empty folder is fine
+    os.mkfifo(out / "report.json")
+    with pytest.raises(GgufToolError, match="report.json: exists and is a FIFO"):
+        report.check_out(out)
+    with pytest.raises(GgufToolError, match="is a FIFO"):
+        report._atomic_write(out / "report.json", b"{}")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GgufToolError, match="not a directory"):
+        report.check_out(tmp_path / "file")
+    assert stat.S_ISFIFO(os.stat(out / "report.json").st_mode)
+
+
+def _checkpoint_outputs(ck: Path, tmp: Path) -> dict[str, Path]:
+    """Output paths that are a file convert reads, each spelt another way."""
+    (tmp / "hard.json").hardlink_to(ck / "config.json")
+    (tmp / "sym.json").symlink_to(ck / "tokenizer.json")
+    (ck / "pool").mkdir()
+    (ck / "pool" / "config.json").write_text("{}")   # a sub-folder (sentence-transformers pooling)
+    (tmp / "linked").symlink_to(ck, target_is_directory=True)
+    return {"same path": ck / "model.safetensors", "dot-dot": ck / ".." / ck.name / "config.json",
+            "hard link": tmp / "hard.json", "symlink": tmp / "sym.json", "sub-folder": ck / "pool" / "config.json",
+            "via a linked folder": tmp / "linked" / "tokenizer_config.json"}
+
+
+def test_convert_output_is_never_a_file_of_its_checkpoint(tmp_path, rng, capsys):
+    ck = tiny_checkpoint(tmp_path / "ck", rng)
+    cases = _checkpoint_outputs(ck, tmp_path)
+    before = {p.name: _digest(p) for p in ck.rglob("*") if p.is_file()}
+    for how, out in cases.items():
+        assert main(["convert", str(ck), str(out)]) == 1, how
+        assert "output path is a file of the input checkpoint" in capsys.readouterr().err, how
+    assert {p.name: _digest(p) for p in ck.rglob("*") if p.is_file()} == before
+    # a GGUF in the folder is not a checkpoint file: a second run rewrites the first one's output
+    out = ck / "model-f16.gguf"
+    assert main(["convert", str(ck), str(out)]) == 0
+    assert main(["convert", str(ck), str(out)]) == 0
+    assert len(GGUFFile(out).tensors) > 0
+    # and the checkpoint given through a symlink is the same checkpoint
+    assert main(["convert", str(tmp_path / "linked"), str(ck / "model.safetensors")]) == 1
+
+
+def _start(src: Path, out: Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gguftool", "quantize", str(src), str(out), "Q5_1", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for_temporary(p: subprocess.Popen, out: Path, limit: float = 60.0) -> None:
+    t0 = time.monotonic()
+    while not list(out.parent.glob(f".{out.name}.*.tmp")):
+        assert p.poll() is None, "quantize ended before it began writing"
+        assert time.monotonic() - t0 < limit, "quantize never started writing"
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> Path:
+    """Big enough that quantizing it to Q5_1 on one thread takes a good fraction of a second."""
+    d = tmp_path_factory.mktemp("slow")
+    return tiny_llama(d / "in.gguf", np.random.default_rng(3), n_embd=512, n_ff=1536, n_vocab=256, n_layer=4)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signals_remove_the_temporary_file(tmp_path, slow_model, sig):
+    digest = _digest(slow_model)
+    out = tmp_path / "out.gguf"
+    p = _start(slow_model, out)
+    _wait_for_temporary(p, out)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig, err
+    assert "no output file was left behind" in err and "Traceback" not in err
+    assert not out.exists() and _temporaries(tmp_path) == []
+    assert _digest(slow_model) == digest
+
+
+def test_an_ignored_sighup_stays_ignored(tmp_path, slow_model):
+    """nohup: a SIGHUP the caller chose to ignore must not stop the run."""
+    out = tmp_path / "out.gguf"
+    p = _start(slow_model, out, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    _wait_for_temporary(p, out)
+    p.send_signal(signal.SIGHUP)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert len(GGUFFile(out).tensors) == len(GGUFFile(slow_model).tensors)
+
+
+def test_main_restores_the_signal_handlers(tmp_path, rng):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    assert main(["inspect", str(src)]) == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before
+
+
+def _name(n_bytes: int, char: str = "a") -> str:
+    """A file name of exactly n_bytes bytes in UTF-8, ending in .gguf."""
+    body = n_bytes - len(".gguf")
+    w = len(char.encode())
+    return char * (body // w) + "b" * (body % w) + ".gguf"
+
+
+@pytest.mark.parametrize("char", ["a", "é", "語"])
+def test_a_255_byte_output_name_works(tmp_path, rng, char):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    out = tmp_path / _name(255, char)
+    assert len(os.fsencode(out.name)) == 255
+    assert main(["quantize", str(src), str(out), TYPE]) == 0
+    assert len(GGUFFile(out).tensors) == len(GGUFFile(src).tensors)
+    assert _temporaries(tmp_path) == []
+
+
+def test_temporary_names_fit_name_max(tmp_path):
+    for n in (10, 200, 230, 231, 240, 254, 255):
+        for char in ("a", "é", "語"):
+            out = tmp_path / _name(n, char)
+            for tag in (f"{4194304}.tmp", "kv-calibrate"):
+                t = temporary_path(out, tag)
+                assert len(os.fsencode(t.name)) <= 255 and t.parent == out.parent and t.name.startswith(".")
+                t.write_bytes(b"")   # the file system takes it
+                t.unlink()
+            # the same output always gets the same temporary stem, whatever the pid
+            assert temporary_path(out, "1.tmp").name[:-5] == temporary_path(out, "4194304.tmp").name[:-11]
+
+
+def test_a_name_beyond_name_max_is_a_clean_error(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    out = tmp_path / _name(256)
+    assert main(["quantize", str(src), str(out), TYPE]) == 1
+    assert "File name too long" in capsys.readouterr().err
+
+
+def test_stale_temporary_of_a_long_name_is_cleaned_up(tmp_path, rng):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    out = tmp_path / _name(255)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = temporary_path(out, f"{dead.pid}.tmp")
+    stale.write_bytes(b"left by a killed run")
+    assert main(["quantize", str(src), str(out), TYPE]) == 0
+    assert not stale.exists() and out.exists()
+
+
+def _closed_pipe_run(args: list[str]) -> subprocess.CompletedProcess:
+    r, w = os.pipe()
+    os.close(r)   # the reader is gone before the first write, as `| head -1` is after its line
+    try:
+        return subprocess.run([sys.executable, "-m", "gguftool", *args], stdout=w, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("extra", [[], ["--format", "json"]], ids=["text", "json"])
+def test_a_closed_stdout_pipe_ends_quietly(tmp_path, rng, extra):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    r = _closed_pipe_run(["inspect", str(src), *extra])
+    assert r.returncode == 128 + signal.SIGPIPE and r.stderr == ""
+
+
+def test_head_after_the_first_line_ends_quietly(tmp_path, rng):
+    src = tiny_llama(tmp_path / "m.gguf", rng, n_layer=40)   # a plan longer than a pipe buffer
+    r = subprocess.run(f"{sys.executable} -m gguftool quantize {src} {tmp_path / 'o.gguf'} {TYPE} --dry-run | head -1",
+                       shell=True, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.count("\n") == 1
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
+def test_check_replaceable_accepts_files_and_links_to_files(tmp_path):
+    f = tmp_path / "f.gguf"
+    f.write_bytes(b"x")
+    (tmp_path / "l.gguf").symlink_to(f)
+    (tmp_path / "dangling.gguf").symlink_to(tmp_path / "nowhere")
+    for p in ("f.gguf", "l.gguf", "dangling.gguf", "absent.gguf"):
+        check_replaceable(tmp_path / p)
+    check_output_path(tmp_path / "f.gguf", [tmp_path / "other.gguf"])
+
+
+# ============================================================================ CLI habits
+
+def _parsers(p: argparse.ArgumentParser, path=("gguftool",)):
+    """Every parser of the command tree with its command path."""
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield from _parsers(sp, (*path, name))
+
+
+def test_every_parser_refuses_abbreviations():
+    tree = list(_parsers(build_parser()))
+    assert len(tree) > 10
+    for path, p in tree:
+        assert p.allow_abbrev is False, path
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["quantize", "a.gguf", "b.gguf", "Q8_0", "--thread", "2"], "did you mean --threads?"),
+    (["quantize", "a.gguf", "b.gguf", "Q8_0", "--thread=2"], "did you mean --threads?"),
+    (["quantize", "a.gguf", "b.gguf", "Q8_0", "--thr", "2"], "unrecognized arguments: --thr 2"),   # no abbreviation
+    (["quantize", "a.gguf", "b.gguf", "--recipes", "x"], "did you mean --recipe?"),
+    (["convert", "d", "o.gguf", "--outype", "f16"], "did you mean --outtype?"),
+    (["validate", "m.gguf", "--chunk", "4"], "did you mean --chunks?"),
+    (["kv-plan", "m.gguf", "--memory", "1G", "--kv-head", "2"], "did you mean --kv-heads?"),
+    (["quantise", "a.gguf"], "did you mean quantize?"),
+    (["recipes", "lst"], "did you mean list?"),
+    (["native", "biuld"], "did you mean build?"),
+    (["quantize", "a.gguf", "b.gguf", "Q8_0", "--solver", "hqqq"], "did you mean hqq?"),
+])
+def test_misspelt_options_get_did_you_mean(capsys, argv, wanted):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert wanted in capsys.readouterr().err
+
+
+def test_unknown_type_hint_lists_only_writable_types(monkeypatch):
+    from gguftool import quant
+    quant._load()
+    fake = quant.Codec(tensor_type(0), None, None)   # a readable-only codec, under another name
+    monkeypatch.setitem(quant._CODECS, "READ_ONLY_X", fake)
+    with pytest.raises(GgufToolError) as e:
+        quant.codec("Q4_HQX")
+    listed = e.value.hint.split(": ", 1)[1].split(", ")
+    assert "READ_ONLY_X" not in listed and "did you mean Q4_HQQ" in e.value.message
+    assert set(listed) == {c.name for c in quant.all_codecs() if c.quantize is not None}
+
+
+@pytest.mark.parametrize("cmd", [["inspect"], ["quantize", "{d}", "{o}", TYPE], ["kv-plan", "{d}", "--memory", "1G"],
+                                 ["kv-calibrate", "{d}", "{o}"]], ids=lambda c: c[0])
+def test_a_directory_given_as_a_model_says_so(tmp_path, rng, capsys, cmd):
+    ck = tiny_checkpoint(tmp_path / "ck", rng)
+    argv = [a.format(d=ck, o=tmp_path / "o.gguf") for a in cmd] + ([str(ck)] if cmd == ["inspect"] else [])
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"{ck}: is a directory, not a GGUF file" in err and "gguftool convert" in err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert main(["inspect", str(plain)]) == 1
+    assert "is a directory, not a GGUF file" in capsys.readouterr().err
+
+
+def test_a_file_given_as_a_checkpoint_says_so(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    assert main(["convert", str(src), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert "not a directory" in err and "gguftool quantize" in err
+    assert main(["inspect", "/dev/null"]) == 1
+    assert "not a regular file" in capsys.readouterr().err
