@@ -371,3 +371,172 @@ def test_a_file_given_as_a_checkpoint_says_so(tmp_path, rng, capsys):
     assert "not a directory" in err and "gguftool quantize" in err
     assert main(["inspect", "/dev/null"]) == 1
     assert "not a regular file" in capsys.readouterr().err
+
+
+# ============================================================================ values
+
+RECIPE_VALUES = [   # (body after `type = "Q4_HQQ"`, the key named, the type asked for)
+    ('pure = "false"', "`pure`", "true or false"),   # bool("false") is True: it turned pure mode on
+    ("pure = 1", "`pure`", "true or false"),
+    ('name = 3', "`name`", "a string"),
+    ('description = ["a"]', "`description`", "a string"),
+    ('allowed = "Q4_0"', "`allowed`", "an array"),     # iterated letter by letter before
+    ("solver = 3", "`solver`", "a table"),
+    ('rules = "x"', "`rules`", "an array"),
+    ('[solver]\niter = 5', "unknown key(s) ['iter']", "known: "),   # a typo, ignored yet recorded as applied
+    ('[solver]\niters = "5"', "`iters`", "an integer"),
+    ("[solver]\niters = 5.5", "`iters`", "an integer"),
+    ("[solver]\nrefit = true", "`refit`", "an integer"),
+    ('[solver]\nbeta = "10"', "`beta`", "a number"),
+    ("[solver]\nbeta = -1", "[solver]", "HQQ beta must be a positive number"),
+    ("[solver]\nlp_norm = 2", "[solver]", "lp_norm must be in (0, 1]"),
+    ('[solver]\nsolver = "fast"', "`solver`", "one of 'ref', 'hqq'"),
+    ("[solver]\nsolver = true", "`solver`", "a string"),
+    ('[[rules]]\npattern = 5\ntype = "Q8_0"', "rules[0]: `pattern`", "a string"),
+    ('[[rules]]\npattern = "x"\ntype = "Q8_0"\nsolver = 1', "rules[0]: `solver`", "a table"),
+    ('[[rules]]\npattern = "x"\ntype = "Q8_0"\nsolver = { iters = true }', "rules[0]: solver: `iters`", "an integer"),
+    ('[[rules]]\npattern = "x"\ntype = "Q8_0"\nsolver = { kapa = 1.0 }', "rules[0]: solver: unknown key(s) ['kapa']", ""),
+    ('[kv]\nk = 4', "[kv] k = 4", "KV cache type"),
+]
+
+
+@pytest.mark.parametrize("body, key, wanted", RECIPE_VALUES, ids=[b.split("\n")[-1] for b, _, _ in RECIPE_VALUES])
+def test_a_recipe_value_of_the_wrong_type_names_file_key_and_type(tmp_path, body, key, wanted):
+    from gguftool.pipeline import recipe
+    p = tmp_path / "r.toml"
+    p.write_text(f'type = "Q4_HQQ"\n{body}\n')
+    with pytest.raises(GgufToolError) as e:
+        recipe.load(str(p))
+    assert str(p) in str(e.value) and key in str(e.value) and wanted in str(e.value)
+
+
+def test_recipe_values_of_the_right_type_pass(tmp_path):
+    from gguftool.pipeline import recipe
+    p = tmp_path / "r.toml"
+    p.write_text('type = "Q4_HQQ"\npure = true\nallowed = ["Q4_HQQ", "Q8_0"]\n'
+                 '[solver]\nsolver = "hqq"\nkappa = 1\nbeta = 10\niters = 5\n'
+                 '[[rules]]\npattern = "x"\ntype = "Q5_1"\nsolver = { solver = "hqq", refit = 0 }\n')
+    r = recipe.load(str(p))
+    assert r.pure is True and r.solver == {"solver": "hqq", "kappa": 1.0, "beta": 10.0, "iters": 5}
+    assert isinstance(r.solver["kappa"], float) and r.rules[0].params == {"solver": "hqq", "refit": 0}
+
+
+def test_quantize_with_a_mistyped_recipe_writes_nothing(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    p = tmp_path / "r.toml"
+    p.write_text('type = "Q4_HQQ"\npure = "false"\n')
+    out = tmp_path / "o.gguf"
+    assert main(["quantize", str(src), str(out), "--recipe", str(p)]) == 1
+    assert "`pure` must be true or false, not the string 'false'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _codecs():
+    """(type, quantize with the C kernels, the numpy twin) for every target whose block has an fp16 scale."""
+    from gguftool.quant import hqq, tq3, tq3_1
+    yield "TQ3_0", lambda x: tq3.quantize_tq3(x, threads=2), tq3.quantize_tq3_ref
+    yield "TQ3_1", lambda x: tq3_1.quantize_tq3_1(x, threads=2), tq3_1.quantize_tq3_1_ref
+    for t in ("Q4_HQQ", "Q4_HQQ_128", "Q4_1", "Q5_1"):   # Q4_1/Q5_1: `--solver hqq`
+        yield t, (lambda x, t=t: hqq.quantize_hqq(x, t, threads=2)), (lambda x, t=t: hqq.quantize_hqq_ref(x, t))
+
+
+CODECS = [c[0] for c in _codecs()]
+# values each type cannot hold (its fp16 scale or Q4_1's offset overflows); and values it still holds
+BEYOND = {"TQ3_0": 2e5, "TQ3_1": 1e7, "Q4_HQQ": 3e6, "Q4_HQQ_128": 3e6, "Q4_1": -8e4, "Q5_1": -8e4}
+WITHIN = {"TQ3_0": 2e4, "TQ3_1": 1e6, "Q4_HQQ": 1e5, "Q4_HQQ_128": 1e5, "Q4_1": 2e4, "Q5_1": 2e4}
+
+
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("impl", ["c", "numpy"])
+def test_values_beyond_fp16_are_refused_with_the_row_named(rng, name, impl):
+    quantize = next(c for c in _codecs() if c[0] == name)[1 if impl == "c" else 2]
+    x = (rng.standard_normal((9, 256)) * 0.02).astype(np.float32)
+    x[6, 128:160] = BEYOND[name] * rng.standard_normal(32)   # row 6, columns 128..159 (and up to 255)
+    x[8, :32] = BEYOND[name]                                   # a later one (constant): the first is named
+    with pytest.raises(GgufToolError) as e:
+        quantize(x)
+    assert f"cannot quantize to {name}: row 6, columns 128.." in e.value.message
+    assert "BF16" in e.value.hint
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_large_values_within_fp16_are_encoded(rng, name):
+    from gguftool.quant import codec
+    quantize, ref = next(c for c in _codecs() if c[0] == name)[1:]
+    x = (rng.standard_normal((4, 256)) * WITHIN[name]).astype(np.float32)
+    if name in ("Q4_1", "Q5_1"):
+        x[1] = np.abs(x[1]) + 6e4   # offsets near fp16's limit: m = 6e4 still fits
+    q = quantize(x)
+    assert np.array_equal(q, ref(x))   # the twins agree on what is kept too
+    y = codec(name).dequantize(q).reshape(x.shape)
+    rel = np.sqrt(np.mean((y - x) ** 2, axis=1) / np.mean(x ** 2, axis=1))
+    assert np.all(rel < 0.25), rel
+
+
+def _wide_model(path: Path, rng, bad_row: int) -> Path:
+    from .conftest import write_gguf
+    w = (rng.standard_normal((64, 256)) * 0.02).astype(np.float32)
+    w[bad_row, 32:64] = 3e5
+    return write_gguf(path, {"blk.0.ffn_up.weight": (w, None), "blk.0.attn_norm.weight": (np.ones(256, np.float32), None)})
+
+
+@pytest.mark.parametrize("target", [["TQ3_0"], ["Q4_HQQ"], ["Q4_1", "--solver", "hqq"], ["Q5_1", "--solver", "hqq"]],
+                         ids=lambda t: "-".join(t))
+def test_quantize_names_the_tensor_and_its_row(tmp_path, rng, capsys, monkeypatch, target):
+    """Rows counted in the tensor, across the pipeline's chunks and threads."""
+    from gguftool.pipeline import quantize as qpipe
+    monkeypatch.setattr(qpipe, "CHUNK_VALUES", 8 * 256)   # 8 rows a chunk: row 45 is in the 6th, second thread
+    src = _wide_model(tmp_path / "m.gguf", rng, bad_row=45)
+    out = tmp_path / "o.gguf"
+    assert main(["quantize", str(src), str(out), *target, "-t", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"tensor 'blk.0.ffn_up.weight': cannot quantize to {target[0]}: row 45, columns 32..63" in err
+    assert not out.exists() and _temporaries(tmp_path) == []
+
+
+def test_size_targeting_skips_a_type_that_cannot_hold_a_tensor(tmp_path, rng):
+    from gguftool.pipeline import budget
+    from gguftool.pipeline.plan import Options, make_plan
+    src = GGUFFile(_wide_model(tmp_path / "m.gguf", rng, bad_row=3))
+    plan = make_plan(src, Options(target="Q8_0"))
+    step = next(s for s in plan.steps if s.tensor.name == "blk.0.ffn_up.weight")
+    err = budget.measure(src, step, ["TQ3_0", "Q8_0"], {})
+    assert set(err) == {"Q8_0"}
+
+
+def _number_options():
+    """(command path, option, its type's name) for every option of the tree that takes a number."""
+    for path, p in _parsers(build_parser()):
+        for a in p._actions:
+            if a.option_strings and getattr(a.type, "__name__", None) in ("int", "float"):
+                yield path[1:], max(a.option_strings, key=len), a.dest
+
+
+NUMBER_OPTIONS = list(_number_options())
+NEGATIVE_OK = {"seed"}   # llama.cpp reads a negative seed as "random"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "-1"])
+def test_cli_numbers_are_checked(capsys, value):
+    assert len(NUMBER_OPTIONS) >= 25
+    tried = 0
+    for path, opt, dest in NUMBER_OPTIONS:
+        if value == "-1" and dest in NEGATIVE_OK:
+            continue
+        with pytest.raises(SystemExit) as e:
+            build_parser().parse_args([*path, f"{opt}={value}"])   # `=`: argparse reads "-inf" as an option
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and opt in err, (opt, err)
+        assert any(w in err for w in ("not a finite number", "must be at least", "must be above", "not an integer")), \
+            (path, opt, value, err)
+        tried += 1
+    assert tried >= 25
+
+
+def test_cli_numbers_in_range_pass():
+    args = build_parser().parse_args(["validate", "m.gguf", "--threads", "3", "--timeout", "2.5", "--seed", "-1",
+                                      "--sustained", "0"])
+    assert (args.threads, args.timeout, args.seed, args.sustained) == (3, 2.5, -1, 0.0)
+    for bad in (["--threads", "0"], ["--ctx", "0"], ["--timeout", "0"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["validate", "m.gguf", *bad])

@@ -15,6 +15,7 @@ from gguftool._fast import _tq3
 from gguftool.errors import GgufToolError
 from gguftool.quant import tq3
 from gguftool.quant import tq3_codebook as cb
+from gguftool.quant.rows import BlockRangeError
 
 ROOT = Path(__file__).resolve().parent.parent
 KAT = Path(__file__).parent / "data" / "tq3_kat_v1.npz"
@@ -71,11 +72,26 @@ def _inputs() -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
+def checked_path_agrees(quantize, quantize_ref, x) -> None:
+    """gguftool's checked path (quantize) and its numpy twin: the same bytes, or the same refusal of a
+    block beyond fp16 (the same row and columns named)."""
+    try:
+        want = quantize_ref(x)
+    except BlockRangeError as e:
+        with pytest.raises(BlockRangeError) as got:
+            quantize(x)
+        assert got.value.message == e.message
+    else:
+        assert_same_bytes(quantize(x), want, x)
+
+
 @pytest.mark.parametrize("name", list(_inputs()))
 def test_c_and_numpy_identical(name):
     x = _inputs()[name]
-    qc = tq3.quantize_tq3(x)
-    qn = tq3.quantize_tq3_ref(x)
+    checked_path_agrees(tq3.quantize_tq3, tq3.quantize_tq3_ref, x)
+    qc = np.empty((x.shape[0], x.shape[1] // 32 * 14), np.uint8)   # ggml's entry: saturates, never fails
+    _tq3.quantize_ggml(np.ascontiguousarray(x), qc)
+    qn = tq3.quantize_tq3_ref(x, saturate=True)
     assert_same_bytes(qc, qn, x)
     dc, dn = tq3.dequantize_tq3(qc), tq3.dequantize_tq3_ref(qc)
     assert np.array_equal(dc.view(np.uint32), dn.view(np.uint32))
@@ -351,7 +367,7 @@ int main(int argc, char ** argv) {
     unsigned char * q = malloc((size_t) rows * n / 32 * 14), * y = malloc((size_t) rows * n / 32 * 34);
     if (fread(x, sizeof(float), (size_t) rows * n, stdin) != (size_t) rows * n) return 2;
     if (fread(y, 1, (size_t) rows * n / 32 * 34, stdin) != (size_t) rows * n / 32 * 34) return 2;
-    if (gqt_tq3_0_quantize_rows(x, q, rows, n) != GQT_OK) return 3;
+    gqt_quantize_tq3_0(x, q, rows, n, NULL);   /* ggml's entry, as llama.cpp compiles and calls it */
     for (int r = 0; r < rows; ++r) {
         gqt_dequantize_row_tq3_0(q + (size_t) r * n / 32 * 14, d + (size_t) r * n, n);
         gqt_vec_dot_tq3_0_q8_0(n, s + r, 0, q + (size_t) r * n / 32 * 14, 0, y + (size_t) r * n / 32 * 34, 0, 1);
@@ -385,8 +401,8 @@ _TOOLCHAINS = {
 def test_native_flags_give_the_same_results(tmp_path, toolchain):
     """Compiled as llama.cpp compiles it, the file must not change a bit: it forbids FMA
     contraction itself, and its float work does not depend on the target."""
-    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3.c", tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref,
-                  tq3.vec_dot_tq3_q8_0_ref)
+    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3.c", lambda x: tq3.quantize_tq3_ref(x, saturate=True),
+                  tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref)
 
 
 def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref):

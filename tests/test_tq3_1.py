@@ -11,7 +11,7 @@ from gguftool.errors import GgufToolError
 from gguftool.quant import tq3, tq3_1
 from gguftool.quant import tq3_codebook as cb
 
-from .test_tq3 import _TOOLCHAINS, _inputs, assert_same_bytes, check_harness, hadamard_orthonormal
+from .test_tq3 import _TOOLCHAINS, _inputs, check_harness, checked_path_agrees, hadamard_orthonormal
 
 BYTES = tq3_1.BLOCK_BYTES
 
@@ -19,8 +19,8 @@ BYTES = tq3_1.BLOCK_BYTES
 @pytest.mark.parametrize("name", list(_inputs()))
 def test_c_and_numpy_identical(name):
     x = _inputs()[name]
-    q = tq3_1.quantize_tq3_1(x)
-    assert_same_bytes(q, tq3_1.quantize_tq3_1_ref(x), x)
+    checked_path_agrees(tq3_1.quantize_tq3_1, tq3_1.quantize_tq3_1_ref, x)
+    q = tq3_1.quantize_tq3_1_ref(x, saturate=True)   # ggml's entry's bytes (the native harness compares the C)
     d = tq3_1.dequantize_tq3_1(q)
     assert np.array_equal(d.view(np.uint32), tq3_1.dequantize_tq3_1_ref(q).view(np.uint32))
     y8 = tq3.quantize_q8_0_ref(np.random.default_rng(3).standard_normal(x.shape).astype(np.float32))
@@ -129,7 +129,7 @@ int main(int argc, char ** argv) {
     unsigned char * q = malloc(nq), * y = malloc(ny);
     if (fread(x, sizeof(float), (size_t) rows * n, stdin) != (size_t) rows * n) return 2;
     if (fread(y, 1, ny, stdin) != ny) return 2;
-    if (gqt_tq3_1_quantize_rows(x, q, rows, n) != GQT_OK) return 3;
+    gqt_quantize_tq3_1(x, q, rows, n, NULL);   /* ggml's entry, as llama.cpp compiles and calls it */
     for (int r = 0; r < rows; ++r) {
         gqt_dequantize_row_tq3_1(q + (size_t) r * n / 32 * 14, d + (size_t) r * n, n);
         gqt_vec_dot_tq3_1_q8_0(n, s + r, 0, q + (size_t) r * n / 32 * 14, 0, y + (size_t) r * n / 32 * 34, 0, 1);
@@ -145,5 +145,5 @@ int main(int argc, char ** argv) {
 @pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
 def test_native_flags_give_the_same_results(tmp_path, toolchain):
     """As llama.cpp compiles it (AVX2, NEON under qemu, scalar), the file gives the numpy twin's bits."""
-    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3_1.c", tq3_1.quantize_tq3_1_ref, tq3_1.dequantize_tq3_1_ref,
-                  tq3_1.vec_dot_tq3_1_q8_0_ref)
+    check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3_1.c", lambda x: tq3_1.quantize_tq3_1_ref(x, saturate=True),
+                  tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref)

@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t, uint8_t
 
 cdef extern from "gqt_tq3.h" nogil:
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE
     int GQT_TQ3_0_BYTES, GQT_TQ3_REFINE_PASSES
     void gqt_quantize_row_tq3_0_ref(const float * x, void * y, int64_t k)
     void gqt_dequantize_row_tq3_0(const void * x, float * y, int64_t k)
@@ -14,6 +14,7 @@ cdef extern from "gqt_tq3.h" nogil:
 OK = GQT_OK
 ERR_NONFINITE = GQT_ERR_NONFINITE
 ERR_SHAPE = GQT_ERR_SHAPE
+ERR_RANGE = GQT_ERR_RANGE
 REFINE_PASSES = GQT_TQ3_REFINE_PASSES
 
 

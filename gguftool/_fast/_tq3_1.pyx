@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t, uint8_t
 
 cdef extern from "gqt_tq3_1.h" nogil:
-    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE
+    int GQT_OK, GQT_ERR_NONFINITE, GQT_ERR_SHAPE, GQT_ERR_RANGE
     int GQT_TQ3_1_BYTES, GQT_TQ3_1_REFINE_PASSES, GQT_TQ3_1_SEARCH
     double GQT_TQ3_1_UNIT
     const signed char gqt_tq3_1_levels[8]
@@ -14,6 +14,7 @@ cdef extern from "gqt_tq3_1.h" nogil:
 OK = GQT_OK
 ERR_NONFINITE = GQT_ERR_NONFINITE
 ERR_SHAPE = GQT_ERR_SHAPE
+ERR_RANGE = GQT_ERR_RANGE
 REFINE_PASSES = GQT_TQ3_1_REFINE_PASSES
 SEARCH = GQT_TQ3_1_SEARCH
 UNIT = GQT_TQ3_1_UNIT

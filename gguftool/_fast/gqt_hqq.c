@@ -478,6 +478,12 @@ static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_
                 SUM[i] = VSEL(take, v, SUM[i]);
             }
     }
+    /* No candidate with a finite error: for Q4_1/Q5_1, m = -scale * zero overflows fp16 (the block's
+     * minimum is beyond +-65504). The block has no encoding: refused, never stored as a zero block. */
+    const vi none = on & ~(BEST < VSPLAT(INFINITY));
+    for (int l = 0; l < LANES; l++)
+        if (none[l]) w->status[o + l] = GQT_ERR_RANGE;
+    on &= ~none;
     if (rounds) group_sum(XT, G, sc), VLOAD(S_X, sc);
     vi live = on;
     for (int round = 0; round < rounds; round++) {

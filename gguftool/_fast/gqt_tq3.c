@@ -14,6 +14,7 @@
 
 #define QK 32
 #define FP16_MAX 65504.0f
+#define FP16_OVERFLOW 65520.0f  /* the smallest float that rounds to fp16 infinity */
 
 /* sum over the row's blocks of s_x * d8 * BLOCK_DOT(x, y), zero blocks skipped (keeps 0 * inf out) */
 #define VEC_DOT_BLOCKS(sumf, x, y, nb, BLOCK_DOT) do { \
@@ -83,18 +84,21 @@ static inline gqt_fp16 ls_scale(const double * z, const uint8_t * idx) {
     return to_fp16_scale(zc / cc);
 }
 
-static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
+/* 1 when the stored scale saturated: the block's norm is beyond what an fp16 scale holds (values
+ * around 1e5 and up). ggml's entry points keep the saturated block (a KV-cache row cannot fail);
+ * gguftool's checked entry point refuses it. */
+static int quantize_block(const float * x, gqt_block_tq3_0 * out) {
     double z[QK];
     uint8_t idx[QK];
     memset(out, 0, sizeof(*out));
     for (int j = 0; j < QK; ++j) {
-        if (is_nonfinite(x[j])) { out->d = 0x7E00; return; }  /* NaN scale: decodes to NaN, never to a guess */
+        if (is_nonfinite(x[j])) { out->d = 0x7E00; return 0; }  /* NaN scale: decodes to NaN, never to a guess */
         z[j] = (GQT_TQ3_SIGN_WORD >> j) & 1 ? -(double) x[j] : (double) x[j];
     }
     fwht32_d(z);  /* z = sqrt(32) * y, y = H D x; double: no overflow or denormal loss for any float input */
     double n2 = 0.0;
     for (int j = 0; j < QK; ++j) n2 += z[j] * z[j];
-    if (n2 == 0.0) return;  /* exact zero block, never a made-up scale */
+    if (n2 == 0.0) return 0;  /* exact zero block, never a made-up scale */
     pick(z, sqrt(n2 / QK), idx);  /* nearest centroid of y * sqrt(32) / ||y|| */
     gqt_fp16 d = ls_scale(z, idx);
     for (int p = 0; p < GQT_TQ3_REFINE_PASSES; ++p) {
@@ -108,8 +112,9 @@ static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
      * by ~3% and cost the K cache perplexity; this one measured best (docs/tq3.md, "Scale") */
     double zc, cc;
     moments(z, idx, &zc, &cc);
+    const int saturated = !((float) (sqrt(n2 / cc) / GQT_TQ3_SQRT32) < FP16_OVERFLOW);
     d = to_fp16_scale(sqrt(n2 / cc));
-    if ((d & 0x7FFF) == 0) return;  /* scale underflowed: the block decodes to zero, store the zero block */
+    if ((d & 0x7FFF) == 0) return 0;  /* scale underflowed: the block decodes to zero, store the zero block */
     out->d = d;
     for (int g = 0; g < 4; ++g) {
         uint32_t w = 0;
@@ -118,6 +123,7 @@ static void quantize_block(const float * x, gqt_block_tq3_0 * out) {
         out->qs[3 * g + 1] = (uint8_t) ((w >> 8) & 0xFF);
         out->qs[3 * g + 2] = (uint8_t) ((w >> 16) & 0xFF);
     }
+    return saturated;
 }
 
 /* the block's 32 centroids c[idx[j]] as floats */
@@ -364,8 +370,14 @@ int gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
     const int64_t n = nrows * n_per_row;
     for (int64_t i = 0; i < n; ++i)
         if (is_nonfinite(src[i])) return GQT_ERR_NONFINITE;
-    gqt_quantize_tq3_0(src, dst, nrows, n_per_row, NULL);
-    return GQT_OK;
+    gqt_block_tq3_0 * out = (gqt_block_tq3_0 *) dst;
+    int rc = GQT_OK;
+    for (int64_t b = 0; b < n / QK; ++b)
+        if (quantize_block(src + b * QK, out + b)) {
+            out[b].d = 0x7E00;  /* marks the refused block: the caller names its row */
+            rc = GQT_ERR_RANGE;
+        }
+    return rc;
 }
 
 /* <c[idx], H32 D q> with the int8 block rotated exactly in integers; the 32 products are summed

@@ -42,7 +42,8 @@ void   gqt_vec_dot_tq3_0_q8_0(int n, float * s, size_t bs, const void * vx, size
 void   gqt_vec_dot_tq3_0_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
 /* Checked entry point for gguftool: GQT_ERR_SHAPE if n_per_row % 32, GQT_ERR_NONFINITE if any
- * input is NaN/Inf (then nothing is written), else GQT_OK. */
+ * input is NaN/Inf (then nothing is written), GQT_ERR_RANGE if a block's scale is beyond fp16 (each
+ * such block is written with a NaN scale, the others as usual), else GQT_OK. */
 int    gqt_tq3_0_quantize_rows(const float * src, void * dst, int64_t nrows, int64_t n_per_row);
 
 #ifdef __cplusplus

@@ -13,6 +13,7 @@
 
 #define QK 32
 #define FP16_MAX 65504.0f
+#define FP16_OVERFLOW 65520.0f  /* the smallest float that rounds to fp16 infinity */
 
 static inline int is_nonfinite(float v) {
     return (gqt_f32_to_bits(v) & UINT32_C(0x7F800000)) == UINT32_C(0x7F800000);
@@ -50,17 +51,19 @@ static inline gqt_fp16 to_fp16_scale(double d) {
     return gqt_fp32_to_fp16(s);
 }
 
-static void quantize_block(const float * in, gqt_block_tq3_1 * out) {
+/* 1 when the stored scale saturated (the block's values are beyond what an fp16 scale holds, around
+ * 4e6 and up): ggml's entry points keep the saturated block, gguftool's checked one refuses it. */
+static int quantize_block(const float * in, gqt_block_tq3_1 * out) {
     double x[QK];
     uint8_t idx[QK];
     memset(out, 0, sizeof(*out));
     for (int j = 0; j < QK; ++j) {
-        if (is_nonfinite(in[j])) { out->d = 0x7E00; return; }  /* NaN scale: decodes to NaN, never to a guess */
+        if (is_nonfinite(in[j])) { out->d = 0x7E00; return 0; }  /* NaN scale: decodes to NaN, never to a guess */
         x[j] = (double) in[j];
     }
     double n2 = 0.0;
     for (int j = 0; j < QK; ++j) n2 += x[j] * x[j];
-    if (n2 == 0.0) return;
+    if (n2 == 0.0) return 0;
     const double d0 = sqrt(n2 / QK) / GQT_TQ3_1_UNIT;
     double xl, ll, best_err = 0.0;
     for (int c = 0; c < GQT_TQ3_1_SEARCH; ++c) {
@@ -83,14 +86,16 @@ static void quantize_block(const float * in, gqt_block_tq3_1 * out) {
         }
     }
     moments(x, idx, &xl, &ll);
+    const int saturated = !((float) sqrt(n2 / ll) < FP16_OVERFLOW);
     gqt_fp16 d = to_fp16_scale(sqrt(n2 / ll));  /* norm-preserving: ||x_hat|| = ||x|| */
-    if ((d & 0x7FFF) == 0) return;     /* scale underflowed: store the zero block */
+    if ((d & 0x7FFF) == 0) return 0;   /* scale underflowed: store the zero block */
     out->d = d;
     uint32_t h = 0;
     for (int j = 0; j < QK; ++j) h |= (uint32_t) (idx[j] >> 2) << j;
     for (int k = 0; k < 4; ++k) out->qh[k] = (uint8_t) (h >> (8 * k));
     for (int j = 0; j < 8; ++j)
         out->qs[j] = (uint8_t) ((idx[j] & 3) | (idx[j + 8] & 3) << 2 | (idx[j + 16] & 3) << 4 | (idx[j + 24] & 3) << 6);
+    return saturated;
 }
 
 static inline void unpack_indices(const gqt_block_tq3_1 * b, uint8_t * idx) {
@@ -116,8 +121,14 @@ int gqt_tq3_1_quantize_rows(const float * src, void * dst, int64_t nrows, int64_
     const int64_t n = nrows * n_per_row;
     for (int64_t i = 0; i < n; ++i)
         if (is_nonfinite(src[i])) return GQT_ERR_NONFINITE;
-    gqt_quantize_tq3_1(src, dst, nrows, n_per_row, NULL);
-    return GQT_OK;
+    gqt_block_tq3_1 * out = (gqt_block_tq3_1 *) dst;
+    int rc = GQT_OK;
+    for (int64_t b = 0; b < n / QK; ++b)
+        if (quantize_block(src + b * QK, out + b)) {
+            out[b].d = 0x7E00;  /* marks the refused block: the caller names its row */
+            rc = GQT_ERR_RANGE;
+        }
+    return rc;
 }
 
 /* ---------------------------------------------------------------- decode and dot, scalar */

@@ -22,10 +22,10 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("allow_abbrev", False)
         super().__init__(*a, **kw)
         # Numbers typed on a command line are checked in every command: a plain type=int is a count
-        # (`--threads -1` refused), a plain type=float a finite number (`--timeout nan` refused). An
-        # option that needs more (at least 1) or less (a negative seed) names its own type (below).
+        # (`--threads -1` refused), a plain type=float a finite number >= 0 (`--timeout nan` refused).
+        # An option that needs more (at least 1) or less (a negative seed) names its own type (below).
         self.register("type", int, count)
-        self.register("type", float, finite)
+        self.register("type", float, amount)
 
     def parse_known_args(self, args=None, namespace=None):
         # A sub-command parser is called through parse_known_args and hands what it does not know up to
@@ -64,4 +64,4 @@ def number(kind=int, *, lo=None, above=None):
 count = number(int, lo=0)      # 0, 1, 2, ...: what a plain type=int means in gguftool's parsers
 positive = number(int, lo=1)   # 1, 2, ...: threads, chunks, context lengths
 integer = number(int)           # any integer, for the few options where a negative one means something
-finite = number(float)          # what a plain type=float means in gguftool's parsers
+amount = number(float, lo=0)    # 0.0 or more, finite: what a plain type=float means in gguftool's parsers

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import GgufToolError
 from ..quant import codec
+from ..quant.rows import BlockRangeError
 from .plan import Plan, Step
 from .quantize import dequantize_rows, solver_params
 from .source import ModelSource
@@ -33,7 +34,10 @@ def measure(src: ModelSource, step: Step, types: list[str], params: dict) -> dic
         c = codec(name)
         if t.n_per_row % c.block_size:
             continue
-        q = c.quantize(x, threads=1, **solver_params(c, {**params, **step.params}))
+        try:
+            q = c.quantize(x, threads=1, **solver_params(c, {**params, **step.params}))
+        except BlockRangeError:
+            continue   # its fp16 scale cannot hold these values: not a choice for this tensor
         xh = np.asarray(c.dequantize(q), np.float32).reshape(x.shape)
         err[name] = float(np.sum((x.astype(np.float64) - xh) ** 2)) * scale
     return err
@@ -50,7 +54,8 @@ def fit(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, par
     for s in free:
         err = measure(src, s, allowed, params)
         if not err:
-            raise GgufToolError(f"tensor {s.tensor.name!r}: no allowed type fits its rows of {s.tensor.n_per_row}")
+            raise GgufToolError(f"tensor {s.tensor.name!r}: no allowed type fits its rows of {s.tensor.n_per_row} "
+                                "and holds its values")
         opts = sorted((s.tensor.n_elements // codec(n).block_size * codec(n).type_size, e, n) for n, e in err.items())
         # keep the lower convex hull: a bigger type that is not better is never worth its bytes
         hull: list[tuple[int, float, str]] = []

@@ -16,6 +16,7 @@ from ..io.split import SplitSpec, SplitWriter
 from ..io.writer import StreamingWriter
 from ..quant import Codec, codec
 from ..quant.parallel import map_row_ranges
+from ..quant.rows import BlockRangeError
 from . import llama_mix
 from .plan import Plan
 from .progress import bar
@@ -88,7 +89,10 @@ def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int,
         while r < r0 + len(x):
             m = r // per_mat
             r1 = min(r0 + len(x), (m + 1) * per_mat)
-            parts.append(out.quantize(x[r - r0:r1 - r0], threads=1, imatrix=weights[m], **p))
+            try:
+                parts.append(out.quantize(x[r - r0:r1 - r0], threads=1, imatrix=weights[m], **p))
+            except BlockRangeError as e:
+                raise e.at(r - r0) from None
             r = r1
         return np.concatenate(parts)
 
@@ -102,6 +106,9 @@ def quantize_tensor(src: ModelSource, t: TensorSource, out: Codec, threads: int,
                                 hint="the model is broken; fix the source weights (no type can encode NaN/Inf)")
         try:
             return encode(x, r0)
+        except BlockRangeError as e:   # its row counts from x's first: name the tensor's row
+            e = e.at(r0)
+            raise GgufToolError(f"tensor {t.name!r}: {e.message}", e.hint) from None
         except GgufToolError as e:
             raise GgufToolError(f"tensor {t.name!r}: {e.message}", e.hint) from None
 

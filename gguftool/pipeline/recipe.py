@@ -39,6 +39,7 @@ TOP_KEYS = {"name", "description", "type", "output_type", "token_embedding_type"
             "rules", "kv"}
 RULE_KEYS = {"pattern", "type", "solver"}
 KV_KEYS = {"k", "v", "calibrate"}
+SOLVERS = ("ref", "hqq")   # llama.cpp's reference quantizer, or HQQ (for Q4_1/Q5_1; our HQQ types need "hqq")
 
 
 @dataclass
@@ -100,6 +101,43 @@ def load(name_or_path: str) -> Recipe:
     return parse(d, p, text)
 
 
+_KIND = {bool: "true or false", str: "a string", int: "an integer", float: "a number", list: "an array",
+         dict: "a table"}
+
+
+def _value(where: str, key: str, v: object, kind: type):
+    """`v` if it is TOML's `kind`, else an error naming the file, the key and the type wanted: a
+    quoted "false" must not read as true, nor a number as a string (bool is no int here; an int is a float)."""
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, kind) and not (isinstance(v, bool) and kind is not bool):
+        return v
+    got = {str: "the string", bool: "the boolean", int: "the integer", float: "the number"}.get(type(v))
+    shown = str(v).lower() if isinstance(v, bool) else repr(v)   # as TOML writes it
+    raise GgufToolError(f"{where}: `{key}` must be {_KIND[kind]}, not "
+                        + (f"{got} {shown}" if got else _KIND.get(type(v), type(v).__name__)))
+
+
+def _solver(where: str, d: dict) -> dict:
+    """A solver table: known parameters only (a typo must not be recorded as applied), each of its type
+    and range. Types come from the codecs' own defaults; ranges from the HQQ solver's checks."""
+    from ..quant import all_codecs
+    kinds = {k: type(v) for c in all_codecs() for k, v in c.params.items()}
+    _check_keys(where, d, set(kinds))
+    d = {k: _value(where, k, v, kinds[k]) for k, v in d.items()}
+    if d.get("solver", "hqq") not in SOLVERS:
+        raise GgufToolError(f"{where}: `solver` must be one of {', '.join(map(repr, SOLVERS))}, not {d['solver']!r}")
+    try:
+        from ..quant.hqq import HQQParams
+    except ImportError:   # the C extension is missing: quant.codec says so when a type needs it
+        return d
+    try:
+        HQQParams.make(**{**d, "solver": "hqq"})
+    except GgufToolError as e:
+        raise GgufToolError(f"{where}: {e.message}", e.hint) from None
+    return d
+
+
 def _check_keys(where: str, d: dict, allowed: set[str]) -> None:
     unknown = sorted(set(d) - allowed)
     if unknown:
@@ -124,15 +162,16 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
     if "type" not in d:
         raise GgufToolError(f"{where}: missing `type` (the default type of the weights)")
     rules = []
-    for i, r in enumerate(d.get("rules", [])):
+    for i, r in enumerate(_value(where, "rules", d.get("rules", []), list)):
         rw = f"{where}: rules[{i}]"
         if not isinstance(r, dict):
             raise GgufToolError(f"{rw}: expected a table with pattern and type")
         _check_keys(rw, r, RULE_KEYS)
         if "pattern" not in r or "type" not in r:
             raise GgufToolError(f"{rw}: needs both `pattern` and `type`")
-        rules.append(make_rule(r["pattern"], _type(rw, r["type"]), r.get("solver", {}),
-                               f"{rw} ({r['pattern']!r})"))
+        pattern = _value(rw, "pattern", r["pattern"], str)
+        solver = _solver(f"{rw}: solver", _value(rw, "solver", r.get("solver", {}), dict))
+        rules.append(make_rule(pattern, _type(rw, r["type"]), solver, f"{rw} ({pattern!r})"))
     kv = dict(d.get("kv", {})) if isinstance(d.get("kv", {}), dict) else None
     if kv is None:
         raise GgufToolError(f"{where}: [kv] must be a table with k, v (and calibrate)")
@@ -145,13 +184,15 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
             raise GgufToolError(f"{where}: [kv] {side} = {t!r} is not a KV cache type",
                                 hint="choose from " + ", ".join(CACHE_TYPES))
     return Recipe(
-        name=str(d.get("name", path.stem)), description=str(d.get("description", "")), type=_type(where, d["type"]),
+        name=_value(where, "name", d.get("name", path.stem), str),
+        description=_value(where, "description", d.get("description", ""), str), type=_type(f"{where}: type", d["type"]),
         path=path, text=text,
         output_type=_type(f"{where}: output_type", d["output_type"]) if "output_type" in d else None,
         token_embedding_type=(_type(f"{where}: token_embedding_type", d["token_embedding_type"])
                               if "token_embedding_type" in d else None),
-        pure=bool(d.get("pure", False)),
-        allowed=[_type(f"{where}: allowed", t) for t in d.get("allowed", [])],
-        solver=dict(d.get("solver", {})), rules=rules, kv={k: str(v).lower() for k, v in kv.items()},
+        pure=_value(where, "pure", d.get("pure", False), bool),
+        allowed=[_type(f"{where}: allowed", t) for t in _value(where, "allowed", d.get("allowed", []), list)],
+        solver=_solver(f"{where}: [solver]", _value(where, "solver", d.get("solver", {}), dict)),
+        rules=rules, kv={k: str(v).lower() for k, v in kv.items()},
         kv_calibrate=calibrate,
     )

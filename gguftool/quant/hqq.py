@@ -64,6 +64,7 @@ import numpy as np
 from .. import types
 from .._fast import _hqq  # the codecs need the extension: quant._load reports the ImportError
 from ..errors import GgufToolError
+from .rows import BlockRangeError, first_marked_block, range_error
 
 # name -> (ggml type id, values per block, bytes per block, qmax), from the type table
 TARGETS: dict[str, tuple[int, int, int, int]] = {
@@ -243,17 +244,21 @@ def _encode(W_f: np.ndarray, a: np.ndarray, b: np.ndarray, qmax: int, stock: boo
     return W_q.astype(np.uint8), _seqsum(d * d)
 
 
-def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
-    """All blocks (rows of W_f, float32 [nb, G]) -> (a fp16 [nb], b fp16 [nb], codes uint8 [nb, G])."""
+def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name: str = "HQQ"):
+    """All blocks (rows of W_f, float32 [nb, G]) -> (a fp16 [nb], b fp16 [nb], codes uint8 [nb, G]).
+    If blocks have no fp16 pair that encodes them, the first raises range_error (as the C kernel marks
+    each and the caller names the first; W_f is one long row here, quantize_hqq_ref names the real row)."""
     nb, G = W_f.shape
+    blocks = W_f   # all of them (W_f is cut to the non-constant ones below)
     a, b, q = np.zeros(nb, np.float16), np.zeros(nb, np.float16), np.zeros((nb, G), np.uint8)
+    failed = np.zeros(nb, bool)
     mn = W_f.min(axis=1) + F32(0)   # -0 -> +0: which zero numpy's min returns is unspecified
     mx = W_f.max(axis=1) + F32(0)
     const = mn == mx
     if const.any():   # x == c: scale = c, zero = -1, codes 0  (Q4_1/Q5_1: d = c, m = c)
-        c = mn[const].astype(np.float16)
-        if not np.isfinite(c).all():
-            raise GgufToolError(f"a constant block's value ({float(mn[const][~np.isfinite(c)][0])}) is too large for fp16")
+        with np.errstate(over="ignore"):
+            c = mn[const].astype(np.float16)
+        failed[np.flatnonzero(const)[~np.isfinite(c)]] = True
         a[const], b[const] = c, (c if stock else np.float16(-1))
     live = np.flatnonzero(~const)
     W_f, mn, mx = W_f[live], mn[live], mx[live]
@@ -264,18 +269,22 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams):
         with np.errstate(over="ignore", divide="ignore"):
             s_inv = np.minimum((F32(qmax) + F32(r)) / (mx - mn), cap)
             sh = _fp16(F32(1) / s_inv)                     # the scale the block stores
-        if not np.isfinite(sh).all():
-            i = int(np.flatnonzero(~np.isfinite(sh))[0])
-            raise GgufToolError(f"values {float(mn[i])}..{float(mx[i])} in one block are too far apart "
-                                "for an fp16 scale")
+        failed[live[~np.isfinite(sh)]] = True              # too far apart for an fp16 scale
+        sh = np.where(np.isfinite(sh), sh, F32(1))         # a stand-in: the block is refused below
         s = F32(1) / sh
-        z = _solve_zero(W_f, s, -mn * s, qmax, prm)
-        ca = sh.astype(np.float16)
-        cb = (-(sh * z) if stock else z).astype(np.float16)   # Q4_1/Q5_1: m = -scale * zero
-        cq, sq = _encode(W_f, ca, cb, qmax, stock)
+        with np.errstate(over="ignore", invalid="ignore"):   # only blocks refused below overflow here
+            z = _solve_zero(W_f, s, -mn * s, qmax, prm)
+            ca = sh.astype(np.float16)
+            cb = (-(sh * z) if stock else z).astype(np.float16)   # Q4_1/Q5_1: m = -scale * zero
+            cq, sq = _encode(W_f, ca, cb, qmax, stock)
         take = sq < best
         best[take] = sq[take]
         a[live[take]], b[live[take]], q[live[take]] = ca[take], cb[take], cq[take]
+    # Q4_1/Q5_1: m = -scale * zero overflows fp16 for every candidate (the block's minimum is beyond
+    # +-65504): no encoding, refused - never left as the zero block it was initialised to
+    failed[live[~np.isfinite(best)]] = True
+    if failed.any():
+        raise range_error(name, blocks.reshape(1, -1), int(np.flatnonzero(failed)[0]), G)
     if prm.refit:
         a[live], b[live], q[live] = _ls_refit(W_f, a[live], b[live], q[live], best, qmax, stock, prm.refit)
     return a, b, q
@@ -331,7 +340,10 @@ def quantize_hqq_ref(x: np.ndarray, target: str | int, **params: Any) -> np.ndar
     x = _check_input(x, G, name)
     prm = HQQParams.make(**params)
     rows, n = x.shape
-    a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in STOCK, prm)
+    try:
+        a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in STOCK, prm, name)
+    except BlockRangeError as e:
+        raise range_error(name, x, e.col // G, G) from None   # col counted over all blocks: name the row
     return _pack(name, a, b, q).reshape(rows, n // G * nbytes)
 
 
@@ -378,15 +390,17 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     """float32 [rows, n] -> uint8 [rows, row_bytes] with the C kernels, rows split over `threads`.
 
     target: "Q4_HQQ", "Q4_HQQ_128", "Q4_1" or "Q5_1" (or their ggml ids). params: HQQParams fields."""
-    from .parallel import map_rows
+    from .parallel import map_row_ranges
     name, tid, G, nbytes, _ = _target(target)
     x = _check_input(x, G, name, finite=False)
     prm = HQQParams.make(**params)
 
-    def run(rows: np.ndarray) -> np.ndarray:
-        out = np.empty((rows.shape[0], rows.shape[1] // G * nbytes), np.uint8)
-        rc = _hqq.quantize_rows(tid, rows, out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
+    def run(r0: int, r1: int) -> np.ndarray:
+        out = np.empty((r1 - r0, x.shape[1] // G * nbytes), np.uint8)
+        rc = _hqq.quantize_rows(tid, x[r0:r1], out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
                                 prm.early_stop, prm.scale_search, prm.refit)
+        if rc == _hqq.ERR_RANGE:   # the kernel marked the block (NaN scale): name its row
+            raise range_error(name, x[r0:r1], first_marked_block(out, nbytes), G).at(r0)
         if rc:
             raise GgufToolError(f"cannot quantize to {name}: {_C_ERRORS.get(rc, f'error {rc}')}")
         return out
@@ -394,7 +408,7 @@ def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params
     if x.shape[0] == 0:
         return np.empty((0, x.shape[1] // G * nbytes), np.uint8)
     try:
-        return map_rows(run, x, threads)
+        return map_row_ranges(run, x.shape[0], threads)
     except GgufToolError:
         if not np.isfinite(x).all():   # name the first bad value, as the numpy path does
             _raise_nonfinite(x, name)

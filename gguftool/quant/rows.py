@@ -27,6 +27,35 @@ def nonfinite_error(x: np.ndarray, name: str) -> GgufToolError:
                          hint="check the source tensor; NaN/Inf cannot be quantized")
 
 
+class BlockRangeError(GgufToolError):
+    """A block whose values the type's fp16 scale (or offset) cannot encode: refused, never written
+    saturated or as zeros. `row` counts from the first row given to the codec; the pipeline, which
+    knows where that row sits in the tensor, shifts it with at()."""
+
+    def __init__(self, name: str, row: int, col: int, block: int, lo: float, hi: float):
+        self.name, self.row, self.col, self.block, self.lo, self.hi = name, row, col, block, lo, hi
+        super().__init__(f"cannot quantize to {name}: row {row}, columns {col}..{col + block - 1} hold values "
+                         f"{lo:.6g}..{hi:.6g}, beyond what its fp16 scale can encode",
+                         hint="keep this tensor in BF16 or F32 (--tensor-type 'NAME=BF16'); the weights may be broken")
+
+    def at(self, offset: int) -> BlockRangeError:
+        return BlockRangeError(self.name, self.row + offset, self.col, self.block, self.lo, self.hi)
+
+
+def range_error(name: str, x: np.ndarray, flat_block: int, block: int) -> BlockRangeError:
+    """The error for block `flat_block` (counted over all rows) of the float rows x."""
+    row, b = divmod(flat_block, x.shape[1] // block)
+    v = x[row, b * block:(b + 1) * block]
+    return BlockRangeError(name, row, b * block, block, float(v.min()), float(v.max()))
+
+
+def first_marked_block(out: np.ndarray, block_bytes: int) -> int:
+    """The first block of uint8 rows `out` whose fp16 scale (bytes 0..1) is the C kernels' NaN marker
+    of a refused block."""
+    d = np.ascontiguousarray(out).reshape(-1, block_bytes)[:, :2].copy().view("<u2").reshape(-1)
+    return int(np.flatnonzero((d & 0x7FFF) > 0x7C00)[0])
+
+
 def block_rows(data: np.ndarray, name: str, block_bytes: int) -> np.ndarray:
     """A C-contiguous uint8 matrix of rows of whole blocks (1-d: one row)."""
     data = np.asarray(data)
@@ -46,19 +75,21 @@ Q8_0_BLOCK_BYTES = 34
 
 def c_quantize(ext, x: np.ndarray, name: str, block: int, block_bytes: int, threads: int) -> np.ndarray:
     """float rows [rows, n] -> uint8 [rows, n / block * block_bytes] by `ext`, GIL released, row-parallel."""
-    from .parallel import map_rows
+    from .parallel import map_row_ranges
     x = float_rows(x, name, block)
 
-    def chunk(rows: np.ndarray) -> np.ndarray:
-        out = np.empty((rows.shape[0], rows.shape[1] // block * block_bytes), dtype=np.uint8)
-        rc = ext.quantize_rows(rows, out)
+    def chunk(r0: int, r1: int) -> np.ndarray:
+        out = np.empty((r1 - r0, x.shape[1] // block * block_bytes), dtype=np.uint8)
+        rc = ext.quantize_rows(x[r0:r1], out)
         if rc == ext.ERR_NONFINITE:
             raise nonfinite_error(x, name)
+        if rc == ext.ERR_RANGE:
+            raise range_error(name, x[r0:r1], first_marked_block(out, block_bytes), block).at(r0)
         if rc != ext.OK:
             raise GgufToolError(f"{name} quantization failed with code {rc}")
         return out
 
-    return map_rows(chunk, x, threads)
+    return map_row_ranges(chunk, x.shape[0], threads)
 
 
 def c_dequantize(ext, data: np.ndarray, name: str, block: int, block_bytes: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from .._fast import _tq3
 from ..errors import GgufToolError
 from ..types import BY_NAME
 from . import register
-from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error
+from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error, range_error
 from .tq3_codebook import BOUNDARIES, CENTROIDS, INV_SQRT_BLOCK_F32, SIGN_WORD, SQRT_BLOCK
 
 TYPE = BY_NAME["TQ3_0"]
@@ -26,6 +26,7 @@ QK = TYPE.block_size          # 32
 BLOCK_BYTES = TYPE.type_size  # 14
 REFINE_PASSES = _tq3.REFINE_PASSES  # Lloyd passes (gqt_tq3.h)
 FP16_MAX = np.float32(65504.0)
+FP16_OVERFLOW = np.float32(65520.0)   # the smallest float32 that rounds to fp16 infinity
 
 _C64 = np.array(CENTROIDS, dtype=np.float64)
 _C32 = _C64.astype(np.float32)
@@ -112,8 +113,11 @@ def _ls_scale(z: np.ndarray, idx: np.ndarray) -> np.ndarray:
 SCALE_RULES = ("norm", "ls", "unbiased")   # stored scale; the format uses "norm", the others are for tests
 
 
-def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES, scale: str = "norm") -> np.ndarray:
-    """numpy twin of quantize_tq3: identical bytes. `refine_passes` and `scale` (the rule for the
+def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES, scale: str = "norm",
+                     saturate: bool = False) -> np.ndarray:
+    """numpy twin of quantize_tq3: identical bytes, and the same refusal of a block whose scale is beyond
+    fp16; saturate=True twins ggml's entry points instead (gqt_quantize_tq3_0: a KV-cache row cannot
+    fail, so such a block keeps the largest fp16 scale). `refine_passes` and `scale` (the rule for the
     stored scale on the chosen indices: "norm", the format's ||y|| / ||c[idx]||; "ls", least squares,
     the format before; "unbiased", ||y||^2 / <y, c[idx]>) exist to measure the design choice
     (tests, scripts/bench_tq3.py); only the defaults match the C kernel."""
@@ -137,7 +141,11 @@ def quantize_tq3_ref(x: np.ndarray, *, refine_passes: int = REFINE_PASSES, scale
         d = np.where(active, _ls_scale(z, idx), d)
     num, den = _moments(z, idx)
     with np.errstate(divide="ignore", invalid="ignore"):   # zero blocks (n2 == 0) are dropped below
-        d = _to_fp16_scale({"norm": np.sqrt(n2 / den), "ls": num / den, "unbiased": n2 / num}[scale])
+        sz = {"norm": np.sqrt(n2 / den), "ls": num / den, "unbiased": n2 / num}[scale]
+        beyond = nz & ~((sz / _SQRT32).astype(np.float32) < FP16_OVERFLOW)
+    if beyond.any() and not saturate:   # the C kernel's checked entry point refuses these blocks too
+        raise range_error("TQ3_0", x, int(np.flatnonzero(beyond)[0]), QK)
+    d = _to_fp16_scale(sz)
     keep = nz & ((d & 0x7FFF) != 0)
     out = np.zeros((len(z), BLOCK_BYTES), dtype=np.uint8)
     out[:, 0:2] = d.astype("<u2").view(np.uint8).reshape(-1, 2)

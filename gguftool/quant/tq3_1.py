@@ -23,7 +23,7 @@ from .._fast import _tq3_1
 from ..errors import GgufToolError
 from ..types import BY_NAME
 from . import register
-from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error
+from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error, range_error
 
 TYPE = BY_NAME["TQ3_1"]
 QK = TYPE.block_size          # 32
@@ -33,6 +33,7 @@ SEARCH = _tq3_1.SEARCH          # starting scales 0.7, 0.8 .. 1.3 times d0
 UNIT = _tq3_1.UNIT            # levels per standard deviation: 127 / 2.0719...
 LEVELS = np.array(_tq3_1.LEVELS, dtype=np.int8)
 FP16_MAX = np.float32(65504.0)
+FP16_OVERFLOW = np.float32(65520.0)   # the smallest float32 that rounds to fp16 infinity
 
 _L64 = LEVELS.astype(np.float64)
 _L32 = LEVELS.astype(np.float32)
@@ -90,8 +91,10 @@ def _to_fp16(d: np.ndarray) -> np.ndarray:
     return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
 
 
-def quantize_tq3_1_ref(x: np.ndarray) -> np.ndarray:
-    """numpy twin of quantize_tq3_1: identical bytes."""
+def quantize_tq3_1_ref(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
+    """numpy twin of quantize_tq3_1: identical bytes, and the same refusal of a block whose scale is
+    beyond fp16; saturate=True twins ggml's entry points instead (gqt_quantize_tq3_1, which keeps the
+    largest fp16 scale for such a block: a KV-cache row cannot fail)."""
     x = _rows_f32(x)
     if not np.isfinite(x).all():
         raise _nonfinite_error(x)
@@ -121,7 +124,11 @@ def quantize_tq3_1_ref(x: np.ndarray) -> np.ndarray:
                 better = err < best
                 idx, best = np.where(better[:, None], cand, idx), np.where(better, err, best)
         num, den = _moments(b, idx)
-        d = _to_fp16(np.sqrt(n2 / den))
+        sd = np.sqrt(n2 / den)
+        beyond = nz & ~(sd.astype(np.float32) < FP16_OVERFLOW)
+    if beyond.any() and not saturate:   # the C kernel's checked entry point refuses these blocks too
+        raise range_error("TQ3_1", x, int(np.flatnonzero(beyond)[0]), QK)
+    d = _to_fp16(sd)
     keep = nz & ((d & 0x7FFF) != 0)
     out = np.zeros((len(b), BLOCK_BYTES), dtype=np.uint8)
     out[:, 0:2] = d.astype("<u2").view(np.uint8).reshape(-1, 2)
