@@ -15,9 +15,10 @@ EXAMPLES = """examples:
   gguftool hub bartowski/SomeModel-GGUF --gguf-pattern '*Q8_0.gguf' --type Q4_HQQ   # requantize a GGUF repo
   HF_HUB_OFFLINE=1 gguftool hub HuggingFaceTB/SmolLM2-135M-Instruct --type F16     # from the cache only
 
-Only the files a conversion needs are downloaded (config, tokenizer, safetensors; or one GGUF file), into
-the Hugging Face cache (HF_HOME / HF_HUB_CACHE), pinned to the commit the revision resolves to; that
-commit is recorded in the output (gguftool.source.*). Interrupted downloads resume: run the command again.
+Only the files a conversion needs are downloaded (config, tokenizer, safetensors; or one GGUF model, with
+every shard of a split one), into the Hugging Face cache (HF_HOME / HF_HUB_CACHE), pinned to the commit the
+revision resolves to; that commit is recorded in the output (gguftool.source.*). Interrupted downloads resume:
+run the command again.
 Environment: HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_OFFLINE, HF_HOME.
 """
 DEFAULT_TYPE = "Q4_HQQ"
@@ -49,6 +50,6 @@ def run(args) -> int:
         return convert(args, snap.path, out, record=record, name=args.repo_id.split("/")[-1], default_type=DEFAULT_TYPE)
     done = requantize(args, snap.gguf_file, out, default_type=DEFAULT_TYPE, record=record)
     if done:
-        plan, opts = done
+        plan, opts, _ = done
         print(f"{out}: requantized {snap.gguf_file.name} -> {opts.target}, {size_summary(plan)}")
     return 0

@@ -5,12 +5,14 @@ import json
 from collections import defaultdict
 
 from ..io.reader import GGUFFile
+from ..io.split import SplitGGUF, open_gguf
 from . import formatter
 
 EXAMPLES = """examples:
   gguftool inspect model.gguf
   gguftool inspect model.gguf --tensors
   gguftool inspect model.gguf --format json | jq .types
+  gguftool inspect model-00001-of-00003.gguf --tensors     # a split model: all shards, as llama.cpp loads them
 
 Upstream's gguf-dump and gguf.GGUFReader stop with a traceback on files that use gguftool's types
 (ids 512 and up: "512 is not a valid GGMLQuantizationType"); `gguftool inspect --metadata --tensors`
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def summarize(f: GGUFFile) -> dict:
+def summarize(f: GGUFFile | SplitGGUF) -> dict:
     by_type: dict[str, dict[str, float]] = defaultdict(lambda: {"tensors": 0, "params": 0, "bytes": 0})
     for t in f.tensors:
         d = by_type[t.type.name]
@@ -43,7 +45,8 @@ def summarize(f: GGUFFile) -> dict:
         "name": f.get("general.name"),
         "parameters": n_params,
         "tensor_bytes": n_bytes,
-        "file_bytes": f.path.stat().st_size,
+        "file_bytes": sum(p.stat().st_size for p in f.paths),
+        "shards": [str(p) for p in f.paths] if isinstance(f, SplitGGUF) else None,
         "bits_per_weight": 8.0 * n_bytes / n_params if n_params else 0.0,
         "types": {k: {**v, "bpw": 8.0 * v["bytes"] / v["params"]} for k, v in sorted(by_type.items())},
         "gguftool_types": sorted({t.type.name for t in f.tensors if t.type.custom}),
@@ -57,7 +60,7 @@ def _short(v):
 
 
 def run(args) -> int:
-    f = GGUFFile(args.file)
+    f = open_gguf(args.file)
     info = summarize(f)
     if args.tensors:
         info["tensors"] = [{"name": t.name, "shape": list(t.shape), "type": t.type.name, "bytes": t.n_bytes}
@@ -69,6 +72,8 @@ def run(args) -> int:
         return 0
     print(f"{info['file']}")
     print(f"  architecture  {info['architecture']}" + (f"  ({info['name']})" if info["name"] else ""))
+    if info["shards"]:
+        print(f"  split         {len(info['shards'])} shards")
     print(f"  parameters    {info['parameters'] / 1e6:.1f} M")
     print(f"  size          {info['tensor_bytes'] / 2**20:.1f} MiB of tensors, {info['file_bytes'] / 2**20:.1f} MiB file")
     print(f"  bits/weight   {info['bits_per_weight']:.3f}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from ..errors import GgufToolError
-from ..io.reader import GGUFFile
+from ..io.split import open_gguf
 from ..pipeline import kvplan
 from ..pipeline.kvplan import DEFAULT_PAIRS, Shape
 from . import formatter
@@ -47,7 +47,7 @@ def _q(q: dict) -> str:
 
 def run(args) -> int:
     if args.model:
-        shape = Shape.from_gguf(GGUFFile(args.model))
+        shape = Shape.from_gguf(open_gguf(args.model))
     else:
         if not (args.layers and args.kv_heads and args.head_dim) or min(args.layers, args.kv_heads, args.head_dim) < 1:
             raise GgufToolError("give a MODEL.gguf, or all of --layers, --kv-heads and --head-dim (positive)")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .. import types
 from ..errors import GgufToolError
+from ..io.split import SplitSpec
 from . import formatter
 from .planning import add_plan_args, requantize, size_summary
 
@@ -16,6 +17,8 @@ EXAMPLES = """examples:
   gguftool quantize in.gguf out.gguf TQ3_0 --dry-run            # print the plan and size, write nothing
   gguftool quantize in.gguf out.gguf --recipe phone-small        # a named plan (gguftool recipes list)
   gguftool quantize in.gguf out.gguf --recipe phone-small --target-bpw 4.5 --dry-run
+  gguftool quantize in.gguf out.gguf Q4_HQQ --split-max-size 2G   # out-00001-of-0000N.gguf (llama-gguf-split's format)
+  gguftool quantize in-00001-of-00003.gguf out.gguf Q4_HQQ --keep-split   # a split input: give its first shard
 
 types: {stock} (bit-identical to llama.cpp's reference quantizers),
        {ours}
@@ -33,6 +36,11 @@ def add_parser(sub) -> None:
                    help="choose per-tensor types from the recipe's allowed set to meet X bits per weight")
     p.add_argument("--target-size", metavar="SIZE", help="like --target-bpw, for a file size such as 1.0GB")
     add_plan_args(p)
+    s = p.add_argument_group("split output (llama-gguf-split's shards; llama.cpp loads the first)")
+    s.add_argument("--split-max-size", metavar="N[M|G]",
+                   help="at most N bytes of tensor data per shard (M = 10^6, G = 10^9 as in llama-gguf-split; MiB, GiB too)")
+    s.add_argument("--split-max-tensors", type=int, metavar="N", help="at most N tensors per shard")
+    s.add_argument("--keep-split", action="store_true", help="split the output as the (split) input is split")
     p.set_defaults(func=run)
 
 
@@ -58,9 +66,29 @@ def fit_budget(args):
     return refine
 
 
+def split_spec(args) -> SplitSpec | None:
+    """--split-max-size / --split-max-tensors / --keep-split (one of them, as in llama-gguf-split), or None."""
+    given = [o for o, v in (("--split-max-size", args.split_max_size), ("--split-max-tensors", args.split_max_tensors),
+                            ("--keep-split", args.keep_split)) if v]
+    if len(given) > 1:
+        raise GgufToolError(f"give one of {' / '.join(given)}, not both")
+    if args.split_max_tensors is not None and args.split_max_tensors < 1:
+        raise GgufToolError(f"--split-max-tensors must be at least 1 (got {args.split_max_tensors})")
+    if args.split_max_size is not None:
+        from .size import parse_size
+        size = parse_size(args.split_max_size)
+        if size < 1:
+            raise GgufToolError(f"--split-max-size must be positive (got {args.split_max_size!r})", hint="e.g. 2G, 500M")
+        return SplitSpec(max_size=size)
+    if args.split_max_tensors:
+        return SplitSpec(max_tensors=args.split_max_tensors)
+    return SplitSpec(layout={}) if args.keep_split else None   # planning fills the input's layout
+
+
 def run(args) -> int:
-    done = requantize(args, args.input, args.output, refine=fit_budget(args))
+    done = requantize(args, args.input, args.output, refine=fit_budget(args), split=split_spec(args))
     if done:
-        plan, _ = done
-        print(f"{args.output}: {size_summary(plan)} (from {plan.in_bytes / 2**20:.1f} MiB)")
+        plan, _, paths = done
+        where = args.output if len(paths) == 1 else f"{paths[0]} (first of {len(paths)} shards)"
+        print(f"{where}: {size_summary(plan)} (from {plan.in_bytes / 2**20:.1f} MiB)")
     return 0

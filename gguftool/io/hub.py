@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GgufToolError
+from .split import SHARD_NAME, shard_path
 
 # What `convert` reads from a checkpoint repository (the pooling config of sentence-transformers too).
 CHECKPOINT_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
@@ -75,28 +76,53 @@ def _progress(show: bool) -> Iterator[None]:
         (disable_progress_bars if was_disabled else enable_progress_bars)()
 
 
+def _model_name(f: str) -> str:
+    """A split model's shards stand for one model, named as the merged file would be."""
+    return SHARD_NAME.sub(".gguf", f)
+
+
 def choose_gguf(files: list[str], pattern: str | None, repo_id: str) -> str:
-    ggufs = [f for f in files if f.endswith(".gguf")]
+    """The GGUF file to requantize; for a split model, its first shard (gguf_files gives all)."""
+    models: dict[str, list[str]] = {}
+    for f in sorted(f for f in files if f.endswith(".gguf")):
+        models.setdefault(_model_name(f), []).append(f)
+
+    def named(name: str) -> str:
+        return models[name][0]   # sorted: -00001-of- first
+
     if pattern:
-        hits = [f for f in ggufs if fnmatch.fnmatch(f, pattern) or fnmatch.fnmatch(Path(f).name, pattern)]
+        hits = [m for m, fs in models.items()
+                if any(fnmatch.fnmatch(f, pattern) or fnmatch.fnmatch(Path(f).name, pattern) for f in [m, *fs])]
         if not hits:
             raise GgufToolError(f"{repo_id}: no GGUF file matches {pattern!r}",
-                                hint="files: " + ", ".join(ggufs[:12]))
+                                hint="files: " + ", ".join(list(models)[:12]))
         if len(hits) > 1:
             raise GgufToolError(f"{repo_id}: {len(hits)} GGUF files match {pattern!r}: {', '.join(hits[:6])}",
                                 hint="give a more specific --gguf-pattern")
-        return hits[0]
-    ggufs = [f for f in ggufs if "mmproj" not in Path(f).name.lower()]  # vision projectors are not the model
-    if re.search(r"-\d{5}-of-\d{5}\.gguf$", " ".join(ggufs)):
-        ggufs = [f for f in ggufs if not re.search(r"-\d{5}-of-\d{5}\.gguf$", f)] or ggufs
+        return named(hits[0])
+    ggufs = [m for m in models if "mmproj" not in Path(m).name.lower()]  # vision projectors are not the model
     for tag in GGUF_PREFERENCE:
         hits = [f for f in ggufs if re.search(rf"[-._]{tag}\.gguf$", f, re.IGNORECASE)]
         if len(hits) == 1:
-            return hits[0]
+            return named(hits[0])
     if len(ggufs) == 1:
-        return ggufs[0]
+        return named(ggufs[0])
     raise GgufToolError(f"{repo_id}: holds {len(ggufs)} GGUF files and none is clearly the most precise",
                         hint="pick one with --gguf-pattern, e.g. '*Q8_0.gguf'; files: " + ", ".join(ggufs[:8]))
+
+
+def gguf_files(files: list[str], chosen: str, repo_id: str) -> list[str]:
+    """`chosen` and, for a shard of a split model, every shard (llama_split_path's names)."""
+    m = SHARD_NAME.search(chosen)
+    if not m:
+        return [chosen]
+    n, prefix = int(m.group(2)), chosen[:m.start()]
+    shards = [str(shard_path(prefix, i, n)) for i in range(n)]
+    missing = [f for f in shards if f not in files]
+    if missing:
+        raise GgufToolError(f"{repo_id}: split model {_model_name(chosen)} lacks {len(missing)} of its {n} shards: "
+                            f"{', '.join(missing[:4])}", hint="pick another file with --gguf-pattern")
+    return shards
 
 
 def _kind(files: list[str], repo_id: str) -> str:
@@ -135,7 +161,7 @@ def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None
             files = [s.rfilename for s in (info.siblings or [])]
         kind = _kind(files, repo_id)
         chosen = choose_gguf(files, gguf_pattern, repo_id) if kind == "gguf" else None
-        patterns = [chosen] if chosen else CHECKPOINT_PATTERNS
+        patterns = gguf_files(files, chosen, repo_id) if chosen else CHECKPOINT_PATTERNS
         if not offline:
             # pinned to the commit just resolved: a branch moving meanwhile cannot mix two versions
             folder = Path(snapshot_download(repo_id, revision=commit, cache_dir=cache, allow_patterns=patterns,
@@ -145,9 +171,10 @@ def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None
                 ref = cache / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
                 ref.parent.mkdir(parents=True, exist_ok=True)
                 ref.write_text(commit)
-    if chosen is not None and not (folder / chosen).is_file():
-        raise GgufToolError(f"{repo_id}: {chosen} is not in the local snapshot {folder}",
-                            hint="run again without offline mode to download it")
+    for f in patterns if chosen is not None else []:
+        if not (folder / f).is_file():
+            raise GgufToolError(f"{repo_id}: {f} is not in the local snapshot {folder}",
+                                hint="run again without offline mode to download it")
     return Snapshot(repo_id, rev, commit, folder, kind, folder / chosen if chosen else None)
 
 

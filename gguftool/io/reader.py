@@ -228,6 +228,11 @@ class GGUFFile:
         self._by_name = {t.name: t for t in self.tensors}
         self._check_type_records()
 
+    @property
+    def paths(self) -> list[Path]:
+        """The files of this model (a split model has several: gguftool.io.split)."""
+        return [self.path]
+
     # -- metadata --------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         f = self.fields.get(key)

@@ -253,12 +253,14 @@ def metadata(calib: dict[int, LayerCalib], text_name: str, tokens: int) -> list[
     return items
 
 
-def write(src_path: Path, out_path: Path, items, record: dict[str, str]) -> None:
-    """`src_path` with the calibration keys added (tensors byte for byte), via a temporary file."""
+def write(src_path: Path, out_path: Path, items, record: dict[str, str], shard: bool = False) -> None:
+    """`src_path` with the calibration keys added (tensors byte for byte), via a temporary file. A split
+    model becomes one file; with `shard`, only the first shard (which holds all the metadata) is rewritten."""
     from ..io.reader import GGUFFile
+    from ..io.split import open_gguf
     from ..io.writer import StreamingWriter, check_output_path
-    check_output_path(out_path, [src_path])
-    src = GGUFFile(src_path)
+    src = GGUFFile(src_path) if shard else open_gguf(src_path)
+    check_output_path(out_path, src.paths)
     w = StreamingWriter(out_path, src.architecture)
     w.copy_metadata(src, skip_prefixes=(META,))
     for key, value, vtype, sub in items:
@@ -274,16 +276,17 @@ def write(src_path: Path, out_path: Path, items, record: dict[str, str]) -> None
         w.commit()
 
 
-def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, threads: int = 2) -> dict[int, LayerCalib]:
-    """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate`."""
-    from ..io.reader import GGUFFile
+def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, threads: int = 2,
+        shard: bool = False) -> dict[int, LayerCalib]:
+    """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate` (shard: see write)."""
+    from ..io.split import open_gguf
     from .progress import bar
-    arch = GGUFFile(model).architecture
+    arch = open_gguf(model).architecture
     with tempfile.TemporaryDirectory(prefix="gguftool-kvdump-") as tmp:
         run_dump(model, text, Path(tmp), chunks=chunks, ctx=ctx, threads=threads)
         layers, n_ctx = load_dump(Path(tmp))
     tokens = next(iter(layers.values()))["K"].shape[0]
     with bar(len(layers), f"kv-calibrate {model.name}", unit="layer") as pb:
         calib = calibrate(layers, n_ctx, arch, pb)
-    write(model, out, metadata(calib, text.name, tokens), {"kv_calib.source": model.name})
+    write(model, out, metadata(calib, text.name, tokens), {"kv_calib.source": model.name}, shard=shard)
     return calib

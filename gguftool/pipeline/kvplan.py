@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from ..io.reader import GGUFFile
+from ..io.split import SplitGGUF, open_gguf
 from ..quant import codec
 from ..types import CACHE_TYPES
 
@@ -51,7 +52,7 @@ class Shape:
         return N_UBATCH * (self.n_vocab + 4 * self.n_embd) * 4
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> Shape:
+    def from_gguf(cls, f: GGUFFile | SplitGGUF) -> Shape:
         a = f.architecture
 
         def need(key: str) -> int:
@@ -214,7 +215,7 @@ def best(rows: list[dict], *, calibrated: bool) -> dict | None:
 def columns(model: Path, k: str, v: str, ctx: int) -> dict:
     """Bits per cached value and KV memory of a K/V cache pair, from the model's own metadata (validate's report)."""
     try:
-        shape = Shape.from_gguf(GGUFFile(str(model)))
+        shape = Shape.from_gguf(open_gguf(str(model)))
         bpt = bytes_per_token(shape, k, v)
         mib = cache_bytes(shape, k, v, ctx) / 2**20
     except (GgufToolError, OSError, ValueError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.reader import GGUFFile
+from ..io.split import open_gguf
 from ..pipeline import kvcalib
 from ..quant import codec
 
@@ -22,7 +22,7 @@ UNQUANTIZED = ("f32", "f16", "bf16")
 
 def calibration(model: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """{layer: (k_mean, k_scale)} from a kv-calibrated file; empty when it has none."""
-    f = GGUFFile(model)
+    f = open_gguf(model)
     out = {}
     for key in f.fields:
         if key.startswith(kvcalib.META + "blk.") and key.endswith(".k_mean"):

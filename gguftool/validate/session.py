@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..io.split import SHARD_NAME, model_paths
 from ..pipeline.kvplan import columns as kv_columns
 from ..pipeline.kvplan import parse_pair as parse_kv  # noqa: F401  ('q4_0/tq3_1' -> ('q4_0', 'tq3_1'))
 from . import isolate as iso
@@ -100,10 +101,18 @@ class Validation:
         need = ["llama-perplexity"] + (["llama-bench"] if s.bench or s.sustained_s > 0 else []) + \
                (["llama-completion"] if s.sample else [])
         self.r.prepare(need)   # only what this run uses: fewer pushes to a phone
-        self.model_t = self.r.push(self.model)
+        self.model_t = self._push_model(self.model)
         self.text_t = self.r.push(self.text)
-        self.ref_model_t = self.r.push(self.ref_model) if self.ref_model else self.model_t
+        self.ref_model_t = self._push_model(self.ref_model) if self.ref_model else self.model_t
         self.kld_t = self.r.path("reference-f16.kld")
+
+    def _push_model(self, model: Path) -> str:
+        """The model's file, and for a split model the other shards, which llama.cpp looks for beside the first."""
+        if SHARD_NAME.search(model.name):
+            for shard in model_paths(model):
+                if shard != model:
+                    self.r.push(shard)
+        return self.r.push(model)
 
     def reference(self) -> dict:
         s = self.s
