@@ -99,6 +99,18 @@ def test_convert_refuses_an_output_that_is_not_a_regular_file(tmp_path, rng, cap
     assert stat.S_IFMT(os.stat(out).st_mode) == fmt
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-null-symlink", "directory"])
+def test_imatrix_refuses_a_bad_output_before_it_runs(tmp_path, rng, capsys, kind):
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    out = tmp_path / "m.imatrix.gguf"
+    fmt = NODES[kind](out)
+    assert main(["imatrix", str(src), "-o", str(out)]) == 1
+    assert f"error: {out}: " in capsys.readouterr().err
+    assert stat.S_IFMT(os.stat(out).st_mode) == fmt
+    assert main(["imatrix", str(src), "-o", str(src)]) == 1   # nor its own model
+    assert "output path is the input file" in capsys.readouterr().err
+
+
 def test_writer_refuses_a_fifo_at_begin_and_at_commit(tmp_path):
     """Writers that do not call check_output_path (kv-calibrate's) are covered, and a FIFO made while
     the file is written is refused at the rename, the temporary removed."""

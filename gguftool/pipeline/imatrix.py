@@ -7,14 +7,16 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from ..io import imatrix as imatrix_io
+from ..io.writer import check_output_path, check_replaceable, temporary_path
 
 
 def run(model: Path, text: Path, out: Path, *, chunks: int = 32, ctx: int = 512, threads: int = 2,
         fmt: str = "gguf") -> imatrix_io.Imatrix:
     """llama-imatrix over `chunks` x `ctx` tokens of `text` -> `out` (written whole or not at all)."""
     from ..native import tools
+    check_output_path(out, [model, text])   # before the run: not an input, not a FIFO or device node
     exe = tools.tool("llama-imatrix")
-    tmp = out.with_name(f".{out.name}.gguftool-tmp")
+    tmp = temporary_path(out, "gguftool-tmp")
     cmd = [str(exe), "-m", str(model), "-f", str(text), "-o", str(tmp), "--chunks", str(chunks), "-c", str(ctx),
            "-b", str(ctx), "-t", str(threads), "--output-format", fmt, "--no-ppl"]
     try:
@@ -24,6 +26,7 @@ def run(model: Path, text: Path, out: Path, *, chunks: int = 32, ctx: int = 512,
             raise GgufToolError(f"{model}: llama-imatrix failed (exit {r.returncode}):\n  {tail}",
                                 hint=f"command: {' '.join(cmd)}")
         result = imatrix_io.load(tmp)   # what we write must be what llama-quantize and we read
+        check_replaceable(out)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
