@@ -233,7 +233,12 @@ def test_imatrix_types_need_an_imatrix_and_mismatches_are_named(native, tiny, tm
 def test_mixes_without_the_native_build_say_how(tmp_path, rng, monkeypatch, capsys):
     from gguftool.native import ggml_lib, tools
     model = loadable_llama(tmp_path / "m.gguf", n_layer=1)
-    ggml_lib.library.cache_clear()   # loaded by an earlier test: forget it, as a machine without the build has
+    from gguftool.quant import standard
+
+    def forget():   # loaded by an earlier test: forget it, as a machine without the build has never seen it
+        ggml_lib.library.cache_clear()
+        standard._ggml_available.cache_clear()
+    forget()
 
     def no_build(*a, **k):
         raise GgufToolError("no native llama.cpp build in /nowhere", "run `gguftool native build`")
@@ -248,6 +253,7 @@ def test_mixes_without_the_native_build_say_how(tmp_path, rng, monkeypatch, caps
     # the legacy types still work, by gguftool's own rules
     assert main(["quantize", str(model), str(tmp_path / "o.gguf"), "Q4_0"]) == 0
     assert GGUFFile(tmp_path / "o.gguf").tensor("blk.0.ffn_up.weight").type.name == "Q4_0"
+    forget()   # monkeypatch restores find_build after the test: the next use loads the library again
 
 
 @pytest.mark.native
@@ -284,3 +290,27 @@ def test_gguf_numpy_and_ggml_agree_so_either_path_gives_one_file(native, tname):
     if tname in types.STOCK_PRODUCIBLE:
         np.testing.assert_array_equal(q, quants.quantize(x, t).view(np.uint8).reshape(q.shape))
     assert ggml_lib.validate(t, q)
+
+
+@pytest.mark.native
+def test_tensor_type_file_and_override_kv_as_llama_quantize(native, tiny, tmp_path, capsys):  # noqa: F811
+    model, _ = tiny
+    (tmp_path / "rules.txt").write_text("attn_v=q6_K\n  ffn_down=q5_K\tattn_q=q4_0\n")
+    opts = ["--tensor-type-file", tmp_path / "rules.txt", "--override-kv", "general.name=str:renamed",
+            "--override-kv", "llama.context_length=int:-128", "--override-kv", "tiny.flag=bool:true",
+            "--override-kv", "tiny.x=float:0.5"]
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    llama_quantize(native, *opts, model, ref, "Q4_K_M")
+    assert main(["quantize", str(model), str(ours), "Q4_K_M", *map(str, opts)]) == 0
+    counts = assert_same_tensors(ref, ours)
+    assert counts["Q6_K"] >= 2 and counts["Q5_K"] >= 2
+    a, b = GGUFFile(ref), GGUFFile(ours)
+    for key in ("general.name", "llama.context_length", "tiny.flag", "tiny.x"):
+        assert a.get(key) == b.get(key) and a.field_type(key) == b.field_type(key), key
+    assert b.get("llama.context_length") == 128 and b.get("general.name") == "renamed"
+    for bad, why in (("x=int:12a", "not a valid int"), ("x=bool:yes", "TYPE must be"), ("x", "KEY=TYPE:VALUE"),
+                     ("x=float:nan", "not a valid float")):
+        fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q4_0", "--override-kv", bad], why)
+    fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q4_0", "--tensor-type-file",
+                   str(tmp_path / "none.txt")], "none.txt: cannot read")
+    assert not (tmp_path / "o.gguf").exists()

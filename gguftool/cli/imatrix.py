@@ -5,6 +5,7 @@ from pathlib import Path
 
 from ..errors import GgufToolError
 from . import formatter
+from .args import positive
 
 EXAMPLES = """examples:
   gguftool imatrix model-f16.gguf                               # the packaged Pride and Prejudice, 32 x 512 tokens
@@ -22,19 +23,16 @@ def add_parser(sub) -> None:
     p.add_argument("model", type=Path, help="GGUF file (ideally F16/F32 or a high-precision quantization)")
     p.add_argument("-o", "--output", type=Path, help="file to write (default: MODEL's name + .imatrix.gguf)")
     p.add_argument("--text", type=Path, help="calibration text (default: the packaged Pride and Prejudice)")
-    p.add_argument("--chunks", type=int, default=32, help="chunks of --ctx tokens (default 32)")
-    p.add_argument("--ctx", type=int, default=512, help="tokens per chunk (default 512)")
+    p.add_argument("--chunks", type=positive, default=32, help="chunks of --ctx tokens (default 32)")
+    p.add_argument("--ctx", type=positive, default=512, help="tokens per chunk (default 512)")
     p.add_argument("--format", choices=("gguf", "dat"), default="gguf", help="file format (default gguf)")
-    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-t", "--threads", type=positive, default=2)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..pipeline import imatrix
     from ..validate.session import default_text
-    for name, v in (("--chunks", args.chunks), ("--ctx", args.ctx), ("--threads", args.threads)):
-        if v < 1:
-            raise GgufToolError(f"{name} must be at least 1 (got {v})")
     if not args.model.is_file():
         raise GgufToolError(f"{args.model}: no such file" + (" (it is a directory)" if args.model.is_dir() else ""))
     text = args.text or default_text()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+
+from gguf import GGUFValueType
 
 from .. import types
 from ..errors import GgufToolError
@@ -29,6 +32,10 @@ def add_plan_args(p) -> None:
     p.add_argument("--recipe", metavar="NAME|FILE", help="a named plan from `gguftool recipes list`, or a TOML file")
     p.add_argument("--tensor-type", action="append", default=[], metavar="REGEX=TYPE",
                    help="type for tensors whose GGUF name matches REGEX (repeatable, first match wins)")
+    p.add_argument("--tensor-type-file", type=Path, metavar="FILE",
+                   help="more REGEX=TYPE rules, separated by white space (after the --tensor-type ones)")
+    p.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                   help="set metadata in the output, TYPE int, float, bool or str (repeatable)")
     p.add_argument("--output-tensor-type", metavar="TYPE", help="type for output.weight")
     p.add_argument("--token-embedding-type", metavar="TYPE", help="type for token_embd.weight")
     p.add_argument("--pure", action="store_true", help="no mixing: every quantizable tensor gets TYPE")
@@ -74,7 +81,7 @@ def options(args, default_type: str | None = None):
     opts = planning.Options(
         target=target.upper() if target else "",
         allow_requantize=args.allow_requantize,
-        tensor_types=[planning.parse_tensor_type(s) for s in args.tensor_type],
+        tensor_types=[planning.parse_tensor_type(s) for s in [*args.tensor_type, *tensor_type_file(args)]],
         output_tensor_type=args.output_tensor_type,
         token_embedding_type=args.token_embedding_type,
         pure=args.pure,
@@ -90,6 +97,44 @@ def options(args, default_type: str | None = None):
     if recipe:
         record.update({"recipe.name": recipe.name, "recipe.toml": recipe.text})
     return opts, params, record, recipe
+
+
+def tensor_type_file(args) -> list[str]:
+    """llama-quantize's --tensor-type-file: REGEX=TYPE entries separated by white space."""
+    path = getattr(args, "tensor_type_file", None)
+    if path is None:
+        return []
+    try:
+        return path.read_text().split()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GgufToolError(f"{path}: cannot read the tensor type file: {getattr(e, 'strerror', None) or e}") from None
+
+
+def parse_override_kv(spec: str) -> tuple[str, tuple[object, GGUFValueType]]:
+    """KEY=TYPE:VALUE as llama-quantize reads it (an int is written as the uint32 of its magnitude, as there),
+    but a value that does not parse is an error, not a zero."""
+    key, sep, rest = spec.partition("=")
+    kind, colon, text = rest.partition(":")
+    if not sep or not key or len(key) >= 128 or not colon:
+        raise GgufToolError(f"--override-kv {spec!r}: expected KEY=TYPE:VALUE", hint="e.g. --override-kv general.name=str:tiny")
+    try:
+        if kind == "int":
+            v = abs(int(text))
+            if v >= 2**32:
+                raise ValueError("beyond uint32")
+            return key, (v, GGUFValueType.UINT32)
+        if kind == "float":
+            f = float(text)
+            if not math.isfinite(f):
+                raise ValueError("not finite")
+            return key, (f, GGUFValueType.FLOAT32)
+        if kind == "bool" and text in ("true", "false"):
+            return key, (text == "true", GGUFValueType.BOOL)
+        if kind == "str" and len(text) <= 127:
+            return key, (text, GGUFValueType.STRING)
+    except ValueError as e:
+        raise GgufToolError(f"--override-kv {spec!r}: {text!r} is not a valid {kind} ({e})") from None
+    raise GgufToolError(f"--override-kv {spec!r}: TYPE must be int, float, bool (true/false) or str (up to 127 chars)")
 
 
 def load_imatrix(args):
@@ -173,11 +218,13 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     written = []
     opts, params, rec, recipe = options(args, default_type)
     imatrix = load_imatrix(args)
+    overrides = dict(parse_override_kv(o) for o in args.override_kv)
     llama_file_type(opts, src, args.imatrix)
 
     def write(plan):
         written[:] = run_quantize(src, plan, out, target=opts.target, threads=args.threads, params=params,
-                                  record={**rec, **(record or {})}, imatrix=imatrix, split=split)
+                                  record={**rec, **(record or {})}, imatrix=imatrix, split=split,
+                                  overrides=overrides)
 
     plan = execute(args, src, out, src.paths, opts, params, write,
                    refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
@@ -232,11 +279,12 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
     opts, params, rec, recipe = options(args, default_type or DEFAULT_OUTTYPE)
     model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
     imatrix = load_imatrix(args)
+    overrides = dict(parse_override_kv(o) for o in args.override_kv)
     llama_file_type(opts, model, args.imatrix)
 
     def write(plan):
         run_convert(model, out, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan,
-                    imatrix=imatrix)
+                    imatrix=imatrix, overrides=overrides)
 
     plan = execute(args, model, out, [model_dir], opts, params, write, make_plan=make_plan)
     if plan is not None:

@@ -29,8 +29,8 @@ def make_plan(model: HFModel, opts: planning.Options) -> planning.Plan:
 
 def convert(model: HFModel, out: Path, opts: planning.Options, *, threads: int = 1,
             params: dict[str, Any] | None = None, record: dict[str, str] | None = None,
-            plan: planning.Plan | None = None, imatrix=None) -> planning.Plan:
+            plan: planning.Plan | None = None, imatrix=None, overrides=None) -> planning.Plan:
     plan = plan or make_plan(model, opts)
     run_pipeline(model, plan, Path(out), target=opts.target, threads=threads, params=params or {},
-                 record={"convert.outtype": opts.target, **(record or {})}, imatrix=imatrix)
+                 record={"convert.outtype": opts.target, **(record or {})}, imatrix=imatrix, overrides=overrides)
     return plan

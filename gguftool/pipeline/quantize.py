@@ -143,8 +143,10 @@ def imatrix_record(imatrix: Imatrix) -> dict[str, Any]:
 
 def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: int = 1,
         params: dict[str, Any] | None = None, record: dict[str, str] | None = None,
-        imatrix: Imatrix | None = None, split: SplitSpec | None = None) -> list[Path]:
-    """Writes `out_path` (split: its shards, llama-gguf-split's format); returns the files written."""
+        imatrix: Imatrix | None = None, split: SplitSpec | None = None,
+        overrides: dict[str, tuple[Any, GGUFValueType]] | None = None) -> list[Path]:
+    """Writes `out_path` (split: its shards, llama-gguf-split's format); returns the files written.
+    overrides: metadata set last, as llama-quantize's --override-kv."""
     params = params or {}
     file_type = llama_mix.ftype(target)
     check_importance(plan, imatrix, file_type)
@@ -159,7 +161,7 @@ def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: i
         w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
     else:
         w.remove("general.file_type")
-    for key, (value, vtype) in (imatrix_record(imatrix) if imatrix else {}).items():
+    for key, (value, vtype) in {**(imatrix_record(imatrix) if imatrix else {}), **(overrides or {})}.items():
         w.add(key, value, vtype)
     record = {"quantize.target": target, **(record or {})}
     hqq_steps = _hqq_steps(plan, params)
