@@ -552,3 +552,33 @@ def test_cli_numbers_in_range_pass():
     for bad in (["--threads", "0"], ["--ctx", "0"], ["--timeout", "0"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["validate", "m.gguf", *bad])
+
+
+def test_an_unexpected_error_is_one_line_and_a_hint_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """The last-resort handler: a bug of ours ends in one error line naming where, and how to report it."""
+    from gguftool.cli import inspect as inspect_cli
+    from gguftool.cli import main
+
+    def boom(args):
+        raise ZeroDivisionError("division by zero")
+    monkeypatch.setattr(inspect_cli, "run", boom)
+    real = tmp_path / "m.gguf"
+    real.write_bytes(b"")
+    monkeypatch.delenv("GGUFTOOL_DEBUG", raising=False)
+    assert main(["inspect", str(real)]) == 70
+    err = capsys.readouterr().err
+    assert err.startswith("error: unexpected ZeroDivisionError in gguftool (test_hostile.py:")
+    assert "GGUFTOOL_DEBUG=1" in err and "Traceback" not in err
+    monkeypatch.setenv("GGUFTOOL_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["inspect", str(real)])
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", b"GGUF\x03\x00\x00\x00" + b"\xff" * 24, b"\x00" * 64])
+def test_known_bad_inputs_never_reach_the_last_resort(tmp_path, capsys, content):
+    from gguftool.cli import main
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    assert main(["inspect", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.gguf" in err and "unexpected" not in err

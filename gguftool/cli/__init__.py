@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 
 from ..errors import GgufToolError
 from .args import Parser
@@ -95,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         # exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except Exception as e:   # the last resort: a bug of ours, never a traceback for the user
+        if os.environ.get("GGUFTOOL_DEBUG"):
+            raise
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        print(f"error: unexpected {type(e).__name__} in gguftool ({Path(where.filename).name}:{where.lineno}): {e}",
+              file=sys.stderr)
+        print("hint: set GGUFTOOL_DEBUG=1 and report it, with the traceback", file=sys.stderr)
+        return 70   # EX_SOFTWARE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

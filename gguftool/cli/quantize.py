@@ -6,6 +6,7 @@ from pathlib import Path
 from .. import types
 from ..errors import GgufToolError
 from ..io.split import SplitSpec
+from ..pipeline.llama_mix import FTYPES
 from . import formatter
 from .planning import add_plan_args, requantize, size_summary
 
@@ -17,12 +18,17 @@ EXAMPLES = """examples:
   gguftool quantize in.gguf out.gguf TQ3_0 --dry-run            # print the plan and size, write nothing
   gguftool quantize in.gguf out.gguf --recipe phone-small        # a named plan (gguftool recipes list)
   gguftool quantize in.gguf out.gguf --recipe phone-small --target-bpw 4.5 --dry-run
+  gguftool quantize model-f16.gguf out.gguf Q4_K_M             # llama-quantize's mix, its bytes (native build)
+  gguftool quantize model-f16.gguf out.gguf IQ3_S --imatrix model.imatrix.gguf   # (gguftool imatrix MODEL)
   gguftool quantize in.gguf out.gguf Q4_HQQ --split-max-size 2G   # out-00001-of-0000N.gguf (llama-gguf-split's format)
   gguftool quantize in-00001-of-00003.gguf out.gguf Q4_HQQ --keep-split   # a split input: give its first shard
 
 types: {stock} (bit-identical to llama.cpp's reference quantizers),
+       with the native build also llama-quantize's file types ({mixes})
+       and tensor types {native} (ggml's own quantizers),
        {ours}
-""".format(stock=" ".join(types.STOCK_PRODUCIBLE), ours=" ".join(f"{t.name} ({t.bpw} bpw)" for t in types.CUSTOM_TYPES))
+""".format(stock=" ".join(types.STOCK_PRODUCIBLE), mixes=" ".join(n for n in FTYPES if n not in types.STOCK_PRODUCIBLE),
+           native=" ".join(types.NATIVE_STOCK), ours=" ".join(f"{t.name} ({t.bpw} bpw)" for t in types.CUSTOM_TYPES))
 
 
 def add_parser(sub) -> None:
