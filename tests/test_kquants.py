@@ -314,3 +314,15 @@ def test_tensor_type_file_and_override_kv_as_llama_quantize(native, tiny, tmp_pa
     fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q4_0", "--tensor-type-file",
                    str(tmp_path / "none.txt")], "none.txt: cannot read")
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_side_inputs_are_never_the_output(tmp_path, capsys, rng):
+    """--imatrix and --tensor-type-file files are inputs too: naming one as the output is refused."""
+    model = loadable_llama(tmp_path / "m.gguf", n_layer=1)
+    rules, imx = tmp_path / "rules.txt", tmp_path / "m.imatrix.gguf"
+    rules.write_text("ffn=Q8_0")
+    write_imatrix_gguf(imx, model, rng)
+    before = rules.read_bytes(), imx.read_bytes()
+    fails(capsys, ["quantize", str(model), str(rules), "Q8_0", "--tensor-type-file", str(rules)], "rules.txt")
+    fails(capsys, ["quantize", str(model), str(imx), "Q8_0", "--imatrix", str(imx)], "m.imatrix.gguf")
+    assert (rules.read_bytes(), imx.read_bytes()) == before

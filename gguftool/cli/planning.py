@@ -137,6 +137,11 @@ def parse_override_kv(spec: str) -> tuple[str, tuple[object, GGUFValueType]]:
     raise GgufToolError(f"--override-kv {spec!r}: TYPE must be int, float, bool (true/false) or str (up to 127 chars)")
 
 
+def side_inputs(args) -> list[Path]:
+    """Files the run reads besides the model: never an output."""
+    return [p for p in (args.imatrix, getattr(args, "tensor_type_file", None)) if p is not None]
+
+
 def load_imatrix(args):
     """--imatrix with --include-weights / --exclude-weights (llama-quantize's options), or None."""
     if args.include_weights and args.exclude_weights:
@@ -226,7 +231,7 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
                                   record={**rec, **(record or {})}, imatrix=imatrix, split=split,
                                   overrides=overrides)
 
-    plan = execute(args, src, out, src.paths, opts, params, write,
+    plan = execute(args, src, out, [*src.paths, *side_inputs(args)], opts, params, write,
                    refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
     if plan is not None:
         kv_calibrate(args, recipe, written[0], shard=split is not None)
@@ -286,7 +291,7 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
         run_convert(model, out, opts, threads=args.threads, params=params, record={**rec, **(record or {})}, plan=plan,
                     imatrix=imatrix, overrides=overrides)
 
-    plan = execute(args, model, out, [model_dir], opts, params, write, make_plan=make_plan)
+    plan = execute(args, model, out, [model_dir, *side_inputs(args)], opts, params, write, make_plan=make_plan)
     if plan is not None:
         kv_calibrate(args, recipe, out)
         print(f"{out}: {model.architecture} ({model.hf_arch}), {len(plan.steps)} tensors, {size_summary(plan)} "
