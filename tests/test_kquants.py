@@ -326,3 +326,30 @@ def test_side_inputs_are_never_the_output(tmp_path, capsys, rng):
     fails(capsys, ["quantize", str(model), str(rules), "Q8_0", "--tensor-type-file", str(rules)], "rules.txt")
     fails(capsys, ["quantize", str(model), str(imx), "Q8_0", "--imatrix", str(imx)], "m.imatrix.gguf")
     assert (rules.read_bytes(), imx.read_bytes()) == before
+
+
+@pytest.mark.native
+def test_prune_layers_as_llama_quantize(native, tmp_path, rng):  # noqa: F811
+    """--prune-layers drops blocks, renumbers the rest and lowers block_count, with the mix planned on the
+    pruned model and a full-model imatrix following the renumbering: llama-quantize's tensors and bytes."""
+    model = loadable_llama(tmp_path / "m.gguf", n_layer=5)
+    imx = tmp_path / "m.imatrix.gguf"
+    write_imatrix_gguf(imx, model, rng)
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    llama_quantize(native, "--prune-layers", "1,3", "--imatrix", imx, model, ref, "Q4_K_M")
+    assert main(["quantize", str(model), str(ours), "Q4_K_M", "--prune-layers", "3,1", "--imatrix", str(imx)]) == 0
+    assert_same_tensors(ref, ours)
+    a, b = GGUFFile(ref), GGUFFile(ours)
+    assert a.get("llama.block_count") == b.get("llama.block_count") == 3
+    assert "blk.2.attn_q.weight" in b and "blk.3.attn_q.weight" not in b
+    # the former blk.4 is now blk.2: its bytes come from the source's blk.4
+    src4 = GGUFFile(model).tensor("blk.4.ffn_norm.weight").raw_rows()
+    assert np.array_equal(b.tensor("blk.2.ffn_norm.weight").raw_rows(), src4)
+
+
+def test_prune_layers_refuses_missing_blocks(tmp_path, capsys):
+    model = loadable_llama(tmp_path / "m.gguf", n_layer=2)
+    fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--prune-layers", "2"],
+          r"--prune-layers \[2\]: the model has blocks 0-1")
+    fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--prune-layers", "0,1"], "every block")
+    fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--prune-layers", "a"], "layer ids")

@@ -214,6 +214,11 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     from ..io.split import SplitGGUF, open_gguf
     from ..pipeline.quantize import run as run_quantize
     src = open_gguf(src_path)
+    if getattr(args, "prune_layers", None):
+        from ..pipeline.prune import PrunedSource, parse_layers
+        if split is not None and split.layout == {}:
+            raise GgufToolError("--prune-layers with --keep-split is not supported: give --split-max-size/-tensors")
+        src = PrunedSource(src, parse_layers(args.prune_layers))
     if split is not None and split.layout == {}:   # --keep-split
         if not isinstance(src, SplitGGUF):
             warn(f"--keep-split: {src_path} is not split, so neither is the output")
@@ -223,6 +228,8 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     written = []
     opts, params, rec, recipe = options(args, default_type)
     imatrix = load_imatrix(args)
+    if imatrix is not None and hasattr(src, "renamed"):   # made on the whole model: follow the renumbering
+        imatrix = replace(imatrix, entries={n: v for k, v in imatrix.entries.items() if (n := src.renamed(k))})
     overrides = dict(parse_override_kv(o) for o in args.override_kv)
     llama_file_type(opts, src, args.imatrix)
 

@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     p.add_argument("output", type=Path)
     p.add_argument("type", nargs="?", help="target type for the weight tensors (default: the recipe's)")
     p.add_argument("--allow-requantize", action="store_true", help="allow input tensors that are already quantized")
+    p.add_argument("--prune-layers", metavar="IDS", help="drop these blocks (e.g. 20,21), renumber the rest (llama-quantize)")
     p.add_argument("--target-bpw", type=float, metavar="X",
                    help="choose per-tensor types from the recipe's allowed set to meet X bits per weight")
     p.add_argument("--target-size", metavar="SIZE", help="like --target-bpw, for a file size such as 1.0GB")

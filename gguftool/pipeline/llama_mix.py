@@ -51,11 +51,14 @@ def requires_imatrix(tensor: str, type_name: str, file_type: str | None) -> bool
     return type_name in NEEDS_IMATRIX or (type_name == "Q2_K" and file_type == "Q2_K_S")
 
 
-def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | None = None) -> dict[str, str]:
-    """{tensor name: type name} as the native build's llama-quantize would write `model` as `file_type`."""
+def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | None = None,
+         prune: list[int] | None = None) -> dict[str, str]:
+    """{tensor name: type name} as the native build's llama-quantize would write `model` as `file_type`
+    (prune: --prune-layers; the names are then the renumbered ones)."""
     from ..native import tools
     exe = tools.tool("llama-quantize")
     cmd = [str(exe), "--dry-run", *(["--pure"] if pure else []),
+           *(["--prune-layers", ",".join(map(str, prune))] if prune else []),
            *(["--imatrix", str(imatrix)] if imatrix else []), str(model), file_type]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -76,8 +79,9 @@ def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | Non
 
 def plan_model(src: ModelSource, file_type: str, *, pure: bool = False, imatrix: Path | None = None) -> dict[str, str]:
     """plan() for any model source: a GGUF file as it is, a checkpoint through a skeleton GGUF of it."""
+    prune = getattr(src, "pruned", None)   # a pipeline.prune.PrunedSource: plan the pruned model
     if Path(src.path).is_file():
-        return plan(Path(src.path), file_type, pure=pure, imatrix=imatrix)
+        return plan(Path(src.path), file_type, pure=pure, imatrix=imatrix, prune=prune)
     with tempfile.TemporaryDirectory(prefix="gguftool-plan-") as d:
         return plan(skeleton(src, Path(d) / "skeleton.gguf"), file_type, pure=pure, imatrix=imatrix)
 
