@@ -582,3 +582,58 @@ def test_known_bad_inputs_never_reach_the_last_resort(tmp_path, capsys, content)
     assert main(["inspect", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "bad.gguf" in err and "unexpected" not in err
+
+
+# -- readable outputs --------------------------------------------------------------------------------
+def _aligned_model(path, alignment: int):
+    import numpy as np
+    from gguf import GGUFWriter
+    w = GGUFWriter(path, "llama")
+    w.add_custom_alignment(alignment)
+    rng = np.random.default_rng(0)
+    for name in ("a.weight", "b.weight", "c_norm.weight"):
+        w.add_tensor(name, rng.standard_normal((8, 64) if "norm" not in name else (64,)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", [64, 256])
+def test_a_non_default_alignment_is_kept_and_the_output_reads_back(tmp_path, alignment):
+    from gguftool.cli import main
+    from gguftool.io.reader import GGUFFile
+    src = _aligned_model(tmp_path / "m.gguf", alignment)
+    assert main(["quantize", str(src), str(tmp_path / "o.gguf"), "Q8_0", "--pure"]) == 0
+    out = GGUFFile(tmp_path / "o.gguf")   # the reader checks every offset against the declared alignment
+    assert out.get("general.alignment") == alignment and out.alignment == alignment
+    assert all(t.offset % alignment == 0 for t in out.tensors) and out.tensor("a.weight").type.name == "Q8_0"
+
+
+def test_more_than_four_dimensions_and_overlapping_data_are_refused(tmp_path):
+    import struct
+
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from gguftool.io.reader import GGUFFile
+    w = GGUFWriter(tmp_path / "5d.gguf", "llama")
+    w.add_tensor("x.weight", np.zeros((1, 1, 1, 2, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GgufToolError, match="5 dimensions; GGUF tensors have at most 4"):
+        GGUFFile(tmp_path / "5d.gguf")
+    # two tensors, the second's offset rewritten to point inside the first's data
+    p = _aligned_model(tmp_path / "ov.gguf", 32)
+    raw = bytearray(p.read_bytes())
+    name = b"b.weight"
+    i = raw.index(name) + len(name)
+    n_dims = struct.unpack_from("<I", raw, i)[0]
+    off_at = i + 4 + 8 * n_dims + 4
+    struct.pack_into("<Q", raw, off_at, 32)
+    p.write_bytes(bytes(raw))
+    with pytest.raises(GgufToolError, match="'b.weight': its data overlaps tensor 'a.weight'"):
+        GGUFFile(p)

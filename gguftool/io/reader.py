@@ -131,6 +131,8 @@ class _Reader(GGUFReader):
                 raise GgufToolError(f"{where}duplicated tensor name")
             seen.add(name)
             ne = [int(d) for d in dims]
+            if len(ne) > 4:   # GGML_MAX_DIMS: llama.cpp refuses such a file
+                raise GgufToolError(f"{where}{len(ne)} dimensions; GGUF tensors have at most 4")
             if any(d <= 0 for d in ne):
                 raise GgufToolError(f"{where}invalid dimensions {ne}")
             t = tensor_type(int(raw_dtype[0]), where)
@@ -151,6 +153,11 @@ class _Reader(GGUFReader):
             else:
                 data = self.data[offs:offs + n_bytes].reshape(*shape[:-1], ne[0] // t.block_size * t.type_size)
             self.gt_tensors.append(Tensor(name, shape, t, offs, n_bytes, data))
+        ordered = sorted(self.gt_tensors, key=lambda t: t.offset)
+        for a, b in zip(ordered, ordered[1:]):   # llama.cpp lays tensors out one after another
+            if b.offset < a.offset + a.n_bytes:
+                raise GgufToolError(f"tensor {b.name!r}: its data overlaps tensor {a.name!r}'s "
+                                    f"(bytes {b.offset} < {a.offset} + {a.n_bytes})", hint="the file is corrupt")
         # gguf's own ReaderTensor list is not built: it cannot represent our types.
         self.tensors = []
 

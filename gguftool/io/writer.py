@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFEndian, GGUFValueType, GGUFWriter
+from gguf import GGUFEndian, GGUFValueType, GGUFWriter, Keys
 
 from .. import __version__
 from .. import types as registry
@@ -133,6 +133,16 @@ class _Writer(GGUFWriter):
         return head + b"".join(length(len(e)) + e for e in enc)
 
 
+def _alignment(value: Any, vtype: GGUFValueType) -> int:
+    """general.alignment as gguf requires it: a uint32 power of two."""
+    if isinstance(value, RawValue):
+        vtype, value = GGUFValueType(struct.unpack_from("<I", value)[0]), struct.unpack_from("<I", value, 4)[0]
+    a = int(value) if vtype == GGUFValueType.UINT32 else 0
+    if a <= 0 or a & (a - 1):
+        raise GgufToolError(f"general.alignment {value!r} ({vtype.name}) is not a uint32 power of two")
+    return a
+
+
 class StreamingWriter:
     """Declare tensors with `add_tensor_info`, then `begin()`, then `write()` each in order, then `commit()`."""
 
@@ -148,6 +158,8 @@ class StreamingWriter:
     def add(self, key: str, value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> None:
         if key == "general.architecture":
             return  # GGUFWriter writes it from `arch`
+        if key == Keys.General.ALIGNMENT:   # the data must follow the alignment the header declares
+            self._w.data_alignment = _alignment(value, vtype)
         self._w.kv_data[0].pop(key, None)
         self._w.add_key_value(key, value, vtype, sub_type)
 
