@@ -637,3 +637,58 @@ def test_more_than_four_dimensions_and_overlapping_data_are_refused(tmp_path):
     p.write_bytes(bytes(raw))
     with pytest.raises(GgufToolError, match="'b.weight': its data overlaps tensor 'a.weight'"):
         GGUFFile(p)
+
+
+# -- confinement: paths named by files and servers stay inside their folder ---------------------------
+@pytest.mark.parametrize("shard, why", [("../outside.safetensors", "points outside"),
+                                        ("/etc/hostname", "not a relative path"),
+                                        ("sub/../../outside.safetensors", "points outside"),
+                                        (7, "not a relative path")])
+def test_checkpoint_index_shards_stay_inside(tmp_path, shard, why):
+    import json
+
+    import numpy as np
+
+    from gguftool.io.safetensors import Checkpoint
+
+    from .hf_export import save_file
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    save_file(tmp_path / "outside.safetensors", {"w": np.zeros((2, 2), np.float32)})
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(GgufToolError, match=f"model.safetensors.index.json: shard: .*{why}"):
+        Checkpoint(ck)
+
+
+def test_pooling_path_stays_inside(tmp_path):
+    import json
+
+    from gguftool.convert.archs import pooling_type
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling", "path": "../evil"}]))
+    with pytest.raises(GgufToolError, match="modules.json: pooling module: '../evil' points outside"):
+        pooling_type(ck)
+
+
+@pytest.mark.parametrize("rev", ["../../../tmp/evil", "/abs", "a/../b", "a\\b", "x\0y", ""])
+def test_hub_revisions_that_are_paths_are_refused_before_any_request(tmp_path, monkeypatch, rev):
+    from gguftool.io import hub
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")   # nothing listens: a request would fail differently
+    with pytest.raises(GgufToolError, match="is not a branch, tag or commit name"):
+        hub.fetch("org/model", rev or "", offline=False) if rev else hub.confine.revision(rev)
+
+
+@pytest.mark.parametrize("sha", ["../../x", "ABCDEF" * 7, "0" * 39, None, 12])
+def test_commit_ids_from_a_server_or_the_cache_must_be_hex(tmp_path, sha):
+    from gguftool.io import confine, hub
+    with pytest.raises(GgufToolError, match="is not a commit id"):
+        confine.commit(sha, "server")
+    if isinstance(sha, str):   # a poisoned refs/ file in the cache is refused too
+        root = tmp_path / "models--org--m"
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text(sha)
+        with pytest.raises(GgufToolError, match="is not a commit id"):
+            hub.local_snapshot("org/m", "main", tmp_path)

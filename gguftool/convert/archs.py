@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 
 from ..errors import GgufToolError
+from ..io.confine import inside
 
 Transform = Callable[[np.ndarray], np.ndarray]
 
@@ -166,7 +167,7 @@ def pooling_type(model_dir: Path) -> gguf.PoolingType | None:
         path = next((m["path"] for m in mods if str(m.get("type", "")).endswith("Pooling")), None)
         if path is None:
             return None
-        pool = json.loads((model_dir / path / "config.json").read_text(encoding="utf-8"))
+        pool = json.loads((inside(model_dir, path, f"{modules}: pooling module") / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise GgufToolError(f"{modules}: cannot read the pooling configuration ({e})") from None
     if pool.get("pooling_mode_mean_tokens"):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import GgufToolError
+from . import confine
 from .split import SHARD_NAME, shard_path
 
 # What `convert` reads from a checkpoint repository (the pooling config of sentence-transformers too).
@@ -142,7 +143,7 @@ def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None
 
     if not re.fullmatch(r"[\w.-]+/[\w.-]+|[\w.-]+", repo_id):
         raise GgufToolError(f"{repo_id!r} is not a Hub repository id", hint="e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
-    rev = revision or "main"
+    rev = confine.revision(revision or "main")
     ep = endpoint()
     cache = cache_dir()
     tok = token or os.environ.get("HF_TOKEN") or None
@@ -155,9 +156,7 @@ def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None
             commit = folder.name
         else:
             info = HfApi(endpoint=ep, token=tok).model_info(repo_id, revision=rev)
-            commit = info.sha
-            if not commit:
-                raise GgufToolError(f"{ep}: the repository info of {repo_id} names no commit")
+            commit = confine.commit(info.sha, f"{ep}: the commit of {repo_id}@{rev}")
             files = [s.rfilename for s in (info.siblings or [])]
         kind = _kind(files, repo_id)
         chosen = choose_gguf(files, gguf_pattern, repo_id) if kind == "gguf" else None
@@ -172,7 +171,7 @@ def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None
                 ref.parent.mkdir(parents=True, exist_ok=True)
                 ref.write_text(commit)
     for f in patterns if chosen is not None else []:
-        if not (folder / f).is_file():
+        if not confine.inside(folder, f, f"{repo_id}: file").is_file():   # names the server listed
             raise GgufToolError(f"{repo_id}: {f} is not in the local snapshot {folder}",
                                 hint="run again without offline mode to download it")
     return Snapshot(repo_id, rev, commit, folder, kind, folder / chosen if chosen else None)
@@ -182,7 +181,8 @@ def local_snapshot(repo_id: str, rev: str, cache: Path) -> Path:
     """The cached snapshot folder of `rev` (a commit, or a branch/tag the cache has a ref for)."""
     root = cache / f"models--{repo_id.replace('/', '--')}"
     ref = root / "refs" / rev
-    commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else (ref.read_text().strip() if ref.is_file() else None)
+    commit = rev if confine.COMMIT.fullmatch(rev) else (
+        confine.commit(ref.read_text().strip(), str(ref)) if ref.is_file() else None)
     folder = root / "snapshots" / commit if commit else None
     if folder is None or not folder.is_dir():
         raise GgufToolError(f"{repo_id}@{rev} is not in the local cache ({cache}) and offline mode is on",

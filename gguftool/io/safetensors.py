@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GgufToolError
+from .confine import inside
 
 # safetensors dtype -> numpy dtype of the stored bytes (BF16 is kept as its raw uint16 bits)
 DTYPES: dict[str, np.dtype] = {
@@ -137,11 +138,12 @@ class Checkpoint:
                 names = list(dict.fromkeys(weight_map.values()))  # first-seen order, no duplicates
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
                 raise GgufToolError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
-            missing = [n for n in names if not (self.dir / n).is_file()]
+            paths = [inside(self.dir, n, f"{index}: shard") for n in names]
+            missing = [n for n, p in zip(names, paths) if not p.is_file()]
             if missing:
                 raise GgufToolError(f"{index} lists shards that are missing: {', '.join(missing[:4])}",
                                     hint="the download is incomplete; run it again (it resumes)")
-            return [self.dir / n for n in names]
+            return paths
         if (self.dir / SINGLE_NAME).is_file():
             return [self.dir / SINGLE_NAME]
         found = sorted(self.dir.glob("*.safetensors"))
