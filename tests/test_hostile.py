@@ -692,3 +692,19 @@ def test_commit_ids_from_a_server_or_the_cache_must_be_hex(tmp_path, sha):
         (root / "refs" / "main").write_text(sha)
         with pytest.raises(GgufToolError, match="is not a commit id"):
             hub.local_snapshot("org/m", "main", tmp_path)
+
+
+# -- bounded work ------------------------------------------------------------------------------------
+def test_a_catastrophic_pattern_is_an_error_not_a_hang(tmp_path, capsys):
+    """(x|xx)+y against a name of 40 x's backtracks for ~fib(40) steps: the match times out and names the rule."""
+    import numpy as np
+
+    from gguftool.cli import main
+
+    from .conftest import write_gguf
+    name = "x" * 40 + ".weight"
+    src = write_gguf(tmp_path / "m.gguf", {name: (np.ones((4, 32), np.float32), None)})
+    assert main(["quantize", str(src), str(tmp_path / "o.gguf"), "Q8_0", "--tensor-type", "(x|xx)+y=Q4_0"]) == 1
+    err = capsys.readouterr().err
+    assert "--tensor-type (x|xx)+y=Q4_0: the pattern '(x|xx)+y' took over 1 s" in err and "backtracking" in err
+    assert not (tmp_path / "o.gguf").exists()

@@ -8,8 +8,10 @@ rows of 256; a tensor whose rows do not divide the block size falls back to a ty
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
+from typing import Any
+
+import regex
 
 from ..errors import GgufToolError
 from ..quant import codec
@@ -32,7 +34,7 @@ FALLBACK = {**llama_mix.FALLBACK, **{t.name: t.fallback for t in CUSTOM_TYPES if
 @dataclass(frozen=True)
 class Rule:
     """`pattern -> type (+ solver parameters)`; the first rule whose regex matches a tensor name wins."""
-    pattern: re.Pattern[str]
+    pattern: Any   # a compiled `regex` pattern: like re's, but its search can time out
     type: str
     params: dict = field(default_factory=dict)
     origin: str = "--tensor-type"
@@ -95,8 +97,8 @@ def parse_tensor_type(spec: str) -> Rule:
 
 def make_rule(pattern: str, tname: str, params: dict, origin: str) -> Rule:
     try:
-        rx = re.compile(pattern)
-    except re.error as e:
+        rx = regex.compile(pattern)
+    except regex.error as e:
         raise GgufToolError(f"{origin}: bad regular expression {pattern!r}: {e}") from None
     try:
         return Rule(rx, _producible(tname).name, dict(params), origin)
@@ -155,6 +157,19 @@ def unused_rules(plan: Plan, opts: Options) -> list[Rule]:
     return [r for r in opts.tensor_types if r.pattern.pattern not in used]
 
 
+MATCH_SECONDS = 1.0   # a tensor name is short: only catastrophic backtracking takes this long
+
+
+def matches(rule: Rule, name: str) -> bool:
+    """rule's pattern found in `name`; a pattern that backtracks without end (a shared recipe can hold one)
+    is an error naming it, not a hung run."""
+    try:
+        return rule.pattern.search(name, timeout=MATCH_SECONDS) is not None
+    except TimeoutError:
+        raise GgufToolError(f"{rule.origin}: the pattern {rule.pattern.pattern!r} took over {MATCH_SECONDS:g} s on "
+                            f"{name!r} (catastrophic backtracking)", hint="simplify it, e.g. (a+)+ -> a+") from None
+
+
 def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
     """Target type name for one tensor (None: keep it as it is), a note, and the rule that chose it."""
     # the order is llama-quantize's (llama_tensor_get_type): kept tensors, then --token-embedding-type,
@@ -171,7 +186,7 @@ def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | Non
     if name == OUTPUT and opts.output_tensor_type:
         return _producible(opts.output_tensor_type).name, "", None
     for rule in opts.tensor_types:
-        if rule.pattern.search(name):
+        if matches(rule, name):
             return rule.type, f"{rule.origin}", rule
     is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
     if is_output and opts.output_tensor_type:
