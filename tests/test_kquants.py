@@ -353,3 +353,19 @@ def test_prune_layers_refuses_missing_blocks(tmp_path, capsys):
           r"--prune-layers \[2\]: the model has blocks 0-1")
     fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--prune-layers", "0,1"], "every block")
     fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--prune-layers", "a"], "layer ids")
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("tname", ["Q8_0", "Q4_K", "IQ4_NL"])
+def test_values_beyond_fp16_are_refused_with_the_row_as_llama_quantize_refuses_them(native, tmp_path, capsys, tname):  # noqa: F811
+    model = loadable_llama(tmp_path / "m.gguf", n_layer=1)
+    t = GGUFFile(model).tensor("blk.0.ffn_up.weight")
+    raw = bytearray(model.read_bytes())   # row 2, column 40 := 1e9: no fp16 scale holds its block
+    struct.pack_into("<f", raw, t.offset + (2 * t.n_per_row + 40) * 4, 1e9)
+    model.write_bytes(bytes(raw))
+    r = subprocess.run([str(native.tool("llama-quantize")), "--pure", "--tensor-type", f"weight={tname.lower()}",
+                        str(model), str(tmp_path / "ref.gguf"), "Q8_0"], capture_output=True, text=True)
+    assert r.returncode != 0 and "validation failed" in r.stdout + r.stderr
+    fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--pure", "--tensor-type",
+                   f"weight={tname}"], rf"blk\.0\.ffn_up\.weight.*cannot quantize to {tname}: row 2, columns")
+    assert not (tmp_path / "o.gguf").exists()

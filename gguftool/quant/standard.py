@@ -14,6 +14,7 @@ from .. import types
 from ..errors import GgufToolError
 from . import register
 from .parallel import map_rows
+from .rows import range_error
 
 
 @lru_cache(maxsize=1)
@@ -29,8 +30,13 @@ def _ggml_available() -> bool:
 
 def _ggml(t: GGMLQuantizationType, x: np.ndarray, threads: int, imatrix: np.ndarray | None) -> np.ndarray:
     from ..native import ggml_lib
-    row_bytes = x.shape[1] // types.stock(t.name).block_size * types.stock(t.name).type_size
-    return map_rows(lambda rows: ggml_lib.quantize(t, rows, row_bytes, imatrix), x, threads)
+    tt = types.stock(t.name)
+    q = map_rows(lambda rows: ggml_lib.quantize(t, rows, x.shape[1] // tt.block_size * tt.type_size, imatrix), x, threads)
+    if not ggml_lib.validate(t, q):   # llama-quantize refuses such rows too (inf/NaN scales beyond fp16)
+        blocks = q.reshape(-1, tt.type_size)
+        bad = next(i for i in range(len(blocks)) if not ggml_lib.validate(t, blocks[i]))
+        raise range_error(t.name, x, bad, tt.block_size)
+    return q
 
 
 def _native_quantizer(t: GGMLQuantizationType):
