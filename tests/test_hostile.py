@@ -708,3 +708,24 @@ def test_a_catastrophic_pattern_is_an_error_not_a_hang(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--tensor-type (x|xx)+y=Q4_0: the pattern '(x|xx)+y' took over 1 s" in err and "backtracking" in err
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_stalled_hub_hits_the_deadline_with_a_clear_error(tmp_path, monkeypatch, capsys):
+    """A server that accepts the connection and never answers: the run ends at --deadline, named."""
+    import socket
+
+    from gguftool.cli import main
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)   # connections are accepted by the kernel; nothing is ever sent back
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.getsockname()[1]}")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+        monkeypatch.chdir(tmp_path)
+        assert main(["hub", "org/model", "--deadline", "1.5"]) == 1
+        err = capsys.readouterr().err
+        assert "org/model: the download did not finish within 1.5 s" in err and "resume" in err
+        assert not list(tmp_path.glob("*.gguf"))
+    finally:
+        srv.close()

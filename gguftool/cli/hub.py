@@ -7,6 +7,7 @@ from pathlib import Path
 from ..io import hub as hubio
 from ..io.writer import check_output_path
 from . import formatter
+from .args import number
 from .planning import add_checkpoint_args, convert, requantize, size_summary
 
 EXAMPLES = """examples:
@@ -34,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--gguf-pattern", metavar="GLOB", help="for repos of GGUF files: which file to requantize")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
+    p.add_argument("--deadline", type=number(float, above=0), default=hubio.DEADLINE_SECONDS, metavar="SECONDS",
+                   help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; it resumes)")
     add_checkpoint_args(p)
     p.set_defaults(func=run)
 
@@ -43,7 +46,7 @@ def run(args) -> int:
     out = args.output or Path(f"{args.repo_id.split('/')[-1]}-{label}.gguf")
     check_output_path(out, [])
     snap = hubio.fetch(args.repo_id, args.revision, gguf_pattern=args.gguf_pattern, token=args.token,
-                       offline=True if args.offline else None)
+                       offline=True if args.offline else None, deadline=args.deadline)
     print(f"{args.repo_id}@{snap.revision}: commit {snap.commit} in {snap.path}", file=sys.stderr)
     record = snap.record(hubio.endpoint())
     if snap.kind == "checkpoint":

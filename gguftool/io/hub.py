@@ -16,6 +16,7 @@ import fnmatch
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +137,35 @@ def _kind(files: list[str], repo_id: str) -> str:
                         hint="gguftool converts safetensors checkpoints and requantizes GGUF files")
 
 
-def fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None = None, token: str | None = None,
-          offline: bool | None = None, progress: bool | None = None) -> Snapshot:
-    """Download what a conversion of `repo_id` needs; returns where it lies and which commit it is."""
+DEADLINE_SECONDS = 6 * 3600   # the whole download; huggingface_hub's own timeouts are per request
+
+
+def fetch(repo_id: str, revision: str | None = None, *, deadline: float | None = DEADLINE_SECONDS, **kw) -> Snapshot:
+    """Download what a conversion of `repo_id` needs; returns where it lies and which commit it is.
+    A server that trickles or stalls cannot hold the run past `deadline` seconds: the download runs in
+    a daemon thread and we stop waiting (what arrived stays in the cache, and the next run resumes)."""
+    if deadline is None:
+        return _fetch(repo_id, revision, **kw)
+    done: dict[str, object] = {}
+
+    def work():
+        try:
+            done["snapshot"] = _fetch(repo_id, revision, **kw)
+        except BaseException as e:   # handed to the caller's thread below
+            done["error"] = e
+    t = threading.Thread(target=work, name="gguftool-hub", daemon=True)
+    t.start()
+    t.join(deadline)
+    if t.is_alive():
+        raise GgufToolError(f"{repo_id}: the download did not finish within {deadline:g} s ({endpoint()})",
+                            hint="what arrived is cached: run again to resume, or raise --deadline")
+    if "error" in done:
+        raise done["error"]
+    return done["snapshot"]
+
+
+def _fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None = None, token: str | None = None,
+           offline: bool | None = None, progress: bool | None = None) -> Snapshot:
     from huggingface_hub import HfApi, snapshot_download
 
     if not re.fullmatch(r"[\w.-]+/[\w.-]+|[\w.-]+", repo_id):
