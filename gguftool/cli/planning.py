@@ -213,12 +213,12 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     the input's). Returns (plan, opts, files written), or None after --dry-run."""
     from ..io.split import SplitGGUF, open_gguf
     from ..pipeline.quantize import run as run_quantize
-    src = open_gguf(src_path)
+    src, pruned = open_gguf(src_path), None
     if getattr(args, "prune_layers", None):
         from ..pipeline.prune import PrunedSource, parse_layers
         if split is not None and split.layout == {}:
             raise GgufToolError("--prune-layers with --keep-split is not supported: give --split-max-size/-tensors")
-        src = PrunedSource(src, parse_layers(args.prune_layers))
+        src = pruned = PrunedSource(src, parse_layers(args.prune_layers))
     if split is not None and split.layout == {}:   # --keep-split
         if not isinstance(src, SplitGGUF):
             warn(f"--keep-split: {src_path} is not split, so neither is the output")
@@ -228,8 +228,8 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     written = []
     opts, params, rec, recipe = options(args, default_type)
     imatrix = load_imatrix(args)
-    if imatrix is not None and hasattr(src, "renamed"):   # made on the whole model: follow the renumbering
-        imatrix = replace(imatrix, entries={n: v for k, v in imatrix.entries.items() if (n := src.renamed(k))})
+    if imatrix is not None and pruned is not None:   # made on the whole model: follow the renumbering
+        imatrix = pruned.follow(imatrix)
     overrides = dict(parse_override_kv(o) for o in args.override_kv)
     llama_file_type(opts, src, args.imatrix)
 

@@ -190,7 +190,25 @@ def _field_value(field: ReaderField) -> Any:
     return v
 
 
-class GGUFFile:
+class ModelMetadata:
+    """What a GGUF model derives from its `fields` and its `get(key, default)`: one file (GGUFFile) or a
+    split model (io/split.py)."""
+    fields: dict[str, ReaderField]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {k: self.get(k) for k in self.fields}
+
+    @property
+    def architecture(self) -> str:
+        return str(self.get("general.architecture", "unknown"))
+
+    def write_metadata(self, w) -> None:
+        """Into a StreamingWriter: this model's header, for a requantized copy."""
+        w.copy_metadata(self)
+
+
+class GGUFFile(ModelMetadata):
     """A parsed GGUF file: metadata, tensors (memory-mapped) and the gguftool type records."""
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -258,14 +276,6 @@ class GGUFFile:
         start, end = self._value_spans[key]
         return self._reader.data[start:end].tobytes()
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {k: self.get(k) for k in self.fields}
-
-    @property
-    def architecture(self) -> str:
-        return str(self.get("general.architecture", "unknown"))
-
     def field_type(self, key: str) -> tuple[GGUFValueType, GGUFValueType | None]:
         f = self.fields[key]
         main = GGUFValueType(f.types[0])
@@ -291,9 +301,6 @@ class GGUFFile:
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
-    def write_metadata(self, w) -> None:
-        """Into a StreamingWriter: this file's header, for a requantized copy."""
-        w.copy_metadata(self)
 
     def _check_type_records(self) -> None:
         """Every gguftool type record in the file must agree with our table."""

@@ -20,8 +20,8 @@ from gguf.gguf_writer import SHARD_NAME_FORMAT  # gguf-py's copy of llama_split_
 
 from ..errors import GgufToolError
 from ..types import TensorType
-from .reader import GGUFFile, Tensor
-from .writer import StreamingWriter, _os_error, check_output_path, check_replaceable
+from .reader import GGUFFile, ModelMetadata, Tensor
+from .writer import StreamingWriter, _os_error, check_output_path
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = (Keys.Split.LLM_KV_SPLIT_NO, Keys.Split.LLM_KV_SPLIT_COUNT,
                                         Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
@@ -62,7 +62,7 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile | SplitGGUF:
     return f if f.get(SPLIT_COUNT) is None else SplitGGUF.from_shard(f)
 
 
-class SplitGGUF:
+class SplitGGUF(ModelMetadata):
     """All shards of a split model as one GGUFFile-like model: every tensor of every shard, the first
     shard's metadata without the split keys (they describe files, not the model)."""
 
@@ -131,14 +131,6 @@ class SplitGGUF:
     def field_type(self, key: str):
         return self.shards[0].field_type(key)
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return {k: self.get(k) for k in self.fields}
-
-    @property
-    def architecture(self) -> str:
-        return str(self.get("general.architecture", "unknown"))
-
     def tensor(self, name: str) -> Tensor:
         if name not in self._shard_of:
             raise GgufToolError(f"{self.path}: no tensor named {name!r} in its {len(self.shards)} shards")
@@ -150,8 +142,6 @@ class SplitGGUF:
     def __contains__(self, name: str) -> bool:
         return name in self._shard_of
 
-    def write_metadata(self, w) -> None:
-        w.copy_metadata(self)
 
 
 def model_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -224,13 +214,7 @@ class SplitWriter(StreamingWriter):
         """StreamingWriter.commit in two steps: every shard whole on disk, then every rename."""
         try:
             for s in self.shards:
-                assert s._w.fout is not None
-                for f in s._w.fout:
-                    f.flush()
-                    os.fsync(f.fileno())
-                s._w.close()
-            for s in self.shards:
-                check_replaceable(s.out)
+                s.finish()
         except OSError as e:
             self.abort()
             raise _os_error(self.out, e) from None

@@ -234,14 +234,18 @@ class StreamingWriter:
             self.abort()
             raise _os_error(self.out, e) from None
 
+    def finish(self) -> None:
+        """The temporary file whole on disk and closed, the output name still replaceable (no rename)."""
+        assert self._w.fout is not None
+        for f in self._w.fout:
+            f.flush()
+            os.fsync(f.fileno())
+        self._w.close()
+        check_replaceable(self.out)
+
     def commit(self) -> None:
         try:
-            assert self._w.fout is not None
-            for f in self._w.fout:
-                f.flush()
-                os.fsync(f.fileno())
-            self._w.close()
-            check_replaceable(self.out)
+            self.finish()
             os.replace(self.tmp, self.out)
         except OSError as e:
             self.abort()

@@ -12,6 +12,7 @@ from dataclasses import replace
 from gguf import GGUFValueType
 
 from ..errors import GgufToolError
+from ..io.imatrix import Imatrix
 
 _BLK = re.compile(r"blk\.(\d+)\.")
 
@@ -57,9 +58,10 @@ class PrunedSource:
                 self.tensors.append(r)
         self.path, self.paths, self.architecture = src.path, getattr(src, "paths", [src.path]), src.architecture
 
-    def renamed(self, name: str) -> str | None:
-        """The output name of a source tensor (None: pruned); for importance matrices made on the full model."""
-        return _rename(name, self.mapping)
+    def follow(self, imatrix: Imatrix) -> Imatrix:
+        """An importance matrix made on the whole model, its entries under the renumbered names (llama-quant.cpp's
+        remap_imatrix, the other way round); the pruned blocks' entries dropped."""
+        return replace(imatrix, entries={n: v for k, v in imatrix.entries.items() if (n := _rename(k, self.mapping))})
 
     def __contains__(self, name: str) -> bool:
         return name in self._orig
