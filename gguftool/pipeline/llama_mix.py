@@ -87,7 +87,7 @@ def plan_model(src: ModelSource, file_type: str, *, pure: bool = False, imatrix:
 
 
 class _Collector:
-    """The metadata half of StreamingWriter's interface, into a plain GGUFWriter."""
+    """StreamingWriter's add(), into a plain GGUFWriter: what a checkpoint's write_metadata calls."""
 
     def __init__(self, w: gguf.GGUFWriter):
         self.w = w
@@ -95,9 +95,6 @@ class _Collector:
     def add(self, key, value, vtype, sub_type=None) -> None:
         if key != gguf.Keys.General.ARCHITECTURE:
             self.w.add_key_value(key, value, vtype, sub_type)
-
-    def remove(self, key) -> None:
-        self.w.kv_data[0].pop(key, None)
 
 
 def skeleton(src: ModelSource, path: Path) -> Path:
