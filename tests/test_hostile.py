@@ -342,6 +342,11 @@ def test_every_parser_refuses_abbreviations():
     (["recipes", "lst"], "did you mean list?"),
     (["native", "biuld"], "did you mean build?"),
     (["quantize", "a.gguf", "b.gguf", "Q8_0", "--solver", "hqqq"], "did you mean hqq?"),
+    (["--verison"], "unrecognized arguments: --verison (did you mean --version?)"),   # not "COMMAND is required"
+    (["--verison", "inspect", "m.gguf"], "did you mean --version?"),
+    (["quantize", "--thread", "2"], "unrecognized arguments: --thread (did you mean --threads?)"),   # no positionals yet
+    (["inspct", "m.gguf"], "did you mean inspect?"),
+    (["kv-plna", "m.gguf"], "did you mean kv-plan?"),
 ])
 def test_misspelt_options_get_did_you_mean(capsys, argv, wanted):
     with pytest.raises(SystemExit) as e:
@@ -729,3 +734,104 @@ def test_a_stalled_hub_hits_the_deadline_with_a_clear_error(tmp_path, monkeypatc
         assert not list(tmp_path.glob("*.gguf"))
     finally:
         srv.close()
+
+
+# ============================================================================ metadata values (issue #14: no traceback)
+# A GGUF value of the wrong type, depth or range is refused when the file is opened, naming the file, the key and
+# what llama.cpp reads there: every command that reads the model (inspect too) says so with exit 1, none reaches the
+# last-resort handler (exit 70).
+
+def _meta_model(path: Path, kv: dict[str, tuple[object, object]], drop: tuple[str, ...] = ()) -> Path:
+    """A tiny llama GGUF whose metadata holds `kv` (key -> (value, GGUFValueType)) besides the usual keys."""
+    from gguf import GGUFValueType as T
+    from gguf import GGUFWriter
+    w = GGUFWriter(path, "llama")
+    base = {"general.name": ("tiny", T.STRING), "llama.block_count": (1, T.UINT32),
+            "llama.embedding_length": (64, T.UINT32), "llama.attention.head_count": (4, T.UINT32)}
+    for k, (v, t) in {**base, **kv}.items():
+        if k in drop:
+            continue
+        if t == T.ARRAY:
+            w.add_key_value(k, v, T.ARRAY)
+        else:
+            w.add_key_value(k, v, t)
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", rng.standard_normal((32, 64)).astype(np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("blk.0.ffn_up.weight", rng.standard_normal((64, 64)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _metadata_cases():
+    from gguf import GGUFValueType as T
+    A = T.ARRAY
+    return {   # id: (key -> (value, type), what the error must say)
+        "block_count-string": ({"llama.block_count": ("2", T.STRING)}, "'llama.block_count' is a string, not an integer"),
+        "block_count-array": ({"llama.block_count": ([1, 1], A)}, "'llama.block_count' is an array of int32s, not an integer"),
+        "block_count-float": ({"llama.block_count": (1.5, T.FLOAT32)}, "'llama.block_count' is a float32, not an integer"),
+        "block_count-bool": ({"llama.block_count": (True, T.BOOL)}, "'llama.block_count' is a bool, not an integer"),
+        "block_count-negative": ({"llama.block_count": (-1, T.INT32)}, "'llama.block_count' = -1: must be 1 to 512"),
+        "block_count-huge": ({"llama.block_count": (2**32 - 1, T.UINT32)}, "must be 1 to 512"),
+        "block_count-u64-huge": ({"llama.block_count": (2**63, T.UINT64)}, "must be 1 to 512"),
+        "context_length-string": ({"llama.context_length": ("4096", T.STRING)}, "'llama.context_length' is a string"),
+        "head_count-nested": ({"llama.attention.head_count": ([[4]], A)}, "'llama.attention.head_count' is an array of arrays"),
+        "head_count-wrong-length": ({"llama.attention.head_count": ([4, 4, 4], A)},
+                                    "'llama.attention.head_count' holds 3 values, one per block: llama.block_count is 1"),
+        "head_count-strings": ({"llama.attention.head_count": (["4"], A)}, "'llama.attention.head_count' is an array of strings"),
+        "ff-negative-in-array": ({"llama.feed_forward_length": ([-5], A)}, "'llama.feed_forward_length' holds -5"),
+        "rope_base-string": ({"llama.rope.freq_base": ("10000", T.STRING)}, "'llama.rope.freq_base' is a string, not a number"),
+        "rope_base-nan": ({"llama.rope.freq_base": (float("nan"), T.FLOAT32)}, "'llama.rope.freq_base' = nan"),
+        "eps-array": ({"llama.attention.layer_norm_rms_epsilon": ([1e-5], A)}, "is an array of float32s, not a number"),
+        "architecture-int": ({"general.architecture": (7, T.UINT32)}, "'general.architecture' is a uint32, not a string"),
+        "architecture-array": ({"general.architecture": (["llama"], A)}, "'general.architecture' is an array"),
+        "name-int": ({"general.name": (3, T.UINT32)}, "'general.name' is a uint32, not a string"),
+        "tokens-ints": ({"tokenizer.ggml.tokens": ([1, 2, 3], A)}, "'tokenizer.ggml.tokens' is an array of int32s"),
+        "tokens-string": ({"tokenizer.ggml.tokens": ("abc", T.STRING)}, "'tokenizer.ggml.tokens' is a string, not an array"),
+        "scores-strings": ({"tokenizer.ggml.tokens": (["a", "b"], A), "tokenizer.ggml.scores": (["x", "y"], A)},
+                           "'tokenizer.ggml.scores' is an array of strings, not an array of numbers"),
+        "token_type-length": ({"tokenizer.ggml.tokens": (["a", "b"], A), "tokenizer.ggml.token_type": ([1], A)},
+                              "'tokenizer.ggml.token_type' holds 1 values, but tokenizer.ggml.tokens holds 2"),
+        "merges-ints": ({"tokenizer.ggml.merges": ([1], A)}, "'tokenizer.ggml.merges' is an array of int32s"),
+        "bos-string": ({"tokenizer.ggml.bos_token_id": ("1", T.STRING)}, "'tokenizer.ggml.bos_token_id' is a string"),
+        "add_bos-int": ({"tokenizer.ggml.add_bos_token": (1, T.UINT32)}, "'tokenizer.ggml.add_bos_token' is a uint32, "
+                                                                         "not true or false"),
+        "tokenizer_model-int": ({"tokenizer.ggml.model": (1, T.UINT32)}, "'tokenizer.ggml.model' is a uint32"),
+        "swa-pattern-strings": ({"llama.attention.sliding_window_pattern": (["x"], A)}, "is an array of strings"),
+        "split-count-string": ({"split.count": ("2", T.STRING)}, "'split.count' is a string, not an integer"),
+        "type-record-string": ({"gguftool.type.Q4_HQQ.id": ("512", T.STRING)}, "'gguftool.type.Q4_HQQ.id' is a string"),
+        "file_type-float": ({"general.file_type": (1.0, T.FLOAT32)}, "'general.file_type' is a float32, not an integer"),
+    }
+
+
+METADATA_CASES = _metadata_cases()
+
+
+@pytest.mark.parametrize("case", METADATA_CASES)
+def test_a_metadata_value_of_the_wrong_type_names_file_key_and_problem(tmp_path, capsys, case):
+    kv, wanted = METADATA_CASES[case]
+    src = _meta_model(tmp_path / "m.gguf", kv)
+    for argv in (["inspect", str(src), "--metadata"], ["kv-plan", str(src), "--memory", "1G"],
+                 ["quantize", str(src), str(tmp_path / "o.gguf"), TYPE]):
+        assert main(argv) == 1, (case, argv)
+        err = capsys.readouterr().err
+        assert f"error: {src}: metadata " in err and wanted in err, (case, argv, err)
+        assert "unexpected" not in err and "Traceback" not in err
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_metadata_values_of_the_right_types_pass(tmp_path, capsys):
+    from gguf import GGUFValueType as T
+    A = T.ARRAY
+    src = _meta_model(tmp_path / "m.gguf", {
+        "llama.block_count": (2, T.UINT32), "llama.attention.head_count_kv": ([2, 4], A),   # per-layer, as OpenELM
+        "llama.context_length": (2048, T.UINT64), "llama.rope.freq_base": (1e4, T.FLOAT64),
+        "tokenizer.ggml.tokens": (["a", "b"], A), "tokenizer.ggml.scores": ([0.0, -1.0], A),
+        "tokenizer.ggml.token_type": ([1, 1], A), "tokenizer.ggml.bos_token_id": (1, T.UINT32),
+        "tokenizer.ggml.add_bos_token": (True, T.BOOL), "llama.attention.sliding_window_pattern": ([True, False], A),
+        "some.other.key": ([[1, 2], ["x"]], A)})   # keys nobody reads may hold anything
+    assert main(["inspect", str(src), "--metadata"]) == 0
+    assert "llama.attention.head_count_kv" in capsys.readouterr().out

@@ -5,6 +5,7 @@ import argparse
 import difflib
 import math
 import re
+import sys
 
 
 def did_you_mean(word: str, candidates) -> str:
@@ -30,18 +31,37 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         # A sub-command parser is called through parse_known_args and hands what it does not know up to
         # the top parser, which no longer knows the sub-command's options: report it here, with them.
+        self._given = list(sys.argv[1:] if args is None else args)
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
-            unknown = next((a for a in extras if a.startswith("-") and len(a) > 1), None)
-            options = [s for act in self._actions for s in act.option_strings if s.startswith("--")]
-            hint = did_you_mean(unknown.split("=", 1)[0], options) if unknown else ""
-            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._hint(extras)}")
         return ns, extras
+
+    def _hint(self, words) -> str:
+        unknown = next((a for a in words if a.startswith("-") and len(a) > 1), None)
+        options = [s for act in self._actions for s in act.option_strings if s.startswith("--")]
+        return did_you_mean(unknown.split("=", 1)[0], options) if unknown else ""
+
+    def _unknown_options(self) -> list[str]:
+        """Options given to this parser that it does not know (`gguftool --verison`), up to its sub-command."""
+        known = {s for act in self._actions for s in act.option_strings}
+        commands = {c for act in self._actions if isinstance(act, argparse._SubParsersAction) for c in act.choices}
+        out = []
+        for a in getattr(self, "_given", []):
+            if a == "--" or a in commands:
+                break
+            if a.startswith("-") and len(a) > 1 and not self._negative_number_matcher.match(a) \
+                    and a.split("=", 1)[0] not in known:
+                out.append(a)
+        return out
 
     def error(self, message: str):
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if m:
             message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        elif message.startswith("the following arguments are required") and (unknown := self._unknown_options()):
+            # `gguftool --verison`: the misspelt option is the user's mistake, not the missing command
+            message = f"unrecognized arguments: {' '.join(unknown)}{self._hint(unknown)}"
         super().error(message)
 
 

@@ -190,6 +190,134 @@ def _field_value(field: ReaderField) -> Any:
     return v
 
 
+# -- metadata values: what gguftool and llama.cpp read is checked once, when a file is opened -----------
+_INTEGERS = frozenset({GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+                       GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64})
+_KINDS = {"integer": (_INTEGERS, "an integer", "integers"),
+          "number": (_INTEGERS | {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}, "a number", "numbers"),
+          "string": (frozenset({GGUFValueType.STRING}), "a string", "strings"),
+          "bool": (frozenset({GGUFValueType.BOOL}), "true or false", "bools")}
+LLAMA_MAX_LAYERS = 512   # llama-hparams.h: per-layer arrays have this many entries; llama.cpp refuses more blocks
+
+
+@dataclass(frozen=True)
+class Want:
+    """What a metadata key must hold: a scalar of `kind`, an array of `item`s, or either (`per_block`: then an
+    array has one value per block, as llama.cpp's get_key_or_arr reads it)."""
+    kind: str | None = None       # the scalar's kind (None: no scalar)
+    item: str | None = None       # the array items' kind (None: no array)
+    lo: float | None = None
+    hi: float | None = None
+    per_block: bool = False
+
+    def describe(self) -> str:
+        parts = [_KINDS[self.kind][1]] if self.kind else []
+        if self.item:
+            parts.append(f"an array of {_KINDS[self.item][2]}" + (" (one per block)" if self.per_block else ""))
+        return " or ".join(parts)
+
+
+_COUNT = Want("integer", lo=0)
+_PER_BLOCK = Want("integer", "integer", lo=0, per_block=True)
+_TOKEN_ID = Want("integer", lo=0)
+GENERAL_KEYS: dict[str, Want] = {
+    "general.architecture": Want("string"), "general.name": Want("string"),
+    "general.file_type": _COUNT, "general.quantization_version": _COUNT, "general.alignment": Want("integer", lo=1),
+    "split.no": _COUNT, "split.count": Want("integer", lo=0, hi=99999), "split.tensors.count": _COUNT,
+    "tokenizer.ggml.model": Want("string"), "tokenizer.ggml.pre": Want("string"), "tokenizer.chat_template": Want("string"),
+    "tokenizer.ggml.tokens": Want(item="string"), "tokenizer.ggml.merges": Want(item="string"),
+    "tokenizer.ggml.scores": Want(item="number"), "tokenizer.ggml.token_type": Want(item="integer"),
+    **{f"tokenizer.ggml.{t}_token_id": _TOKEN_ID for t in ("bos", "eos", "unknown", "seperator", "padding", "cls",
+                                                             "mask", "eot", "eom")},
+    **{f"tokenizer.ggml.{b}": Want("bool") for b in ("add_bos_token", "add_eos_token", "add_sep_token",
+                                                     "add_space_prefix", "remove_extra_whitespaces")},
+}
+ARCH_KEYS: dict[str, Want] = {   # after "<general.architecture>."
+    "block_count": Want("integer", lo=1, hi=LLAMA_MAX_LAYERS),
+    "context_length": _COUNT, "embedding_length": _COUNT, "vocab_size": _COUNT, "expert_count": _COUNT,
+    "expert_used_count": _COUNT, "rope.dimension_count": _COUNT, "attention.key_length": _COUNT,
+    "attention.value_length": _COUNT, "attention.sliding_window": _COUNT, "pooling_type": _COUNT,
+    "feed_forward_length": _PER_BLOCK, "attention.head_count": _PER_BLOCK, "attention.head_count_kv": _PER_BLOCK,
+    "attention.layer_norm_rms_epsilon": Want("number", lo=0), "attention.layer_norm_epsilon": Want("number", lo=0),
+    "rope.freq_base": Want("number", lo=0), "rope.scaling.factor": Want("number", lo=0),
+    "attention.sliding_window_pattern": Want("integer", "bool", lo=0), "attention.causal": Want("bool"),
+}
+
+
+def _type_name(f: ReaderField) -> str:
+    t = GGUFValueType(f.types[0])
+    if t != GGUFValueType.ARRAY:
+        return f"a {t.name.lower()}"
+    if len(f.types) < 2:
+        return "an empty array"
+    item = GGUFValueType(f.types[1])
+    return "an array of arrays" if item == GGUFValueType.ARRAY else f"an array of {item.name.lower()}s"
+
+
+def check_metadata(path: Path, fields: dict[str, ReaderField]) -> None:
+    """Every key gguftool or llama.cpp reads holds the type and range they read (llama.cpp's loader refuses a
+    key of the wrong type too); a per-block array has one value per block; token scores and types one per
+    token. Keys nobody reads may hold anything."""
+    def fail(key: str, problem: str):
+        raise GgufToolError(f"{path}: metadata {key!r} {problem}",
+                            hint="llama.cpp refuses such a file too: it is damaged or was written by a broken tool; "
+                                 "convert or download the model again")
+
+    def want_of(key: str) -> Want | None:
+        if key in GENERAL_KEYS:
+            return GENERAL_KEYS[key]
+        if key.startswith(registry.META_PREFIX):
+            return _COUNT
+        return ARCH_KEYS.get(key[len(arch) + 1:]) if arch and key.startswith(arch + ".") else None
+
+    arch = None
+    if "general.architecture" in fields:
+        f = fields["general.architecture"]
+        if list(f.types) != [GGUFValueType.STRING]:
+            fail("general.architecture", f"is {_type_name(f)}, not a string")
+        arch = _field_value(f)
+    lengths: dict[str, int] = {}
+    for key, f in fields.items():
+        want = want_of(key)
+        if want is None:
+            continue
+        main = GGUFValueType(f.types[0])
+        if main == GGUFValueType.ARRAY:
+            item = GGUFValueType(f.types[1]) if len(f.types) > 1 else None
+            ok = want.item is not None and (item is None or item in _KINDS[want.item][0])
+        else:
+            ok = want.kind is not None and main in _KINDS[want.kind][0]
+        if not ok:
+            fail(key, f"is {_type_name(f)}, not {want.describe()}")
+        if main == GGUFValueType.ARRAY:
+            lengths[key] = n = int(f.parts[4][0])   # key length, key, type, item type, count
+            if n and (want.lo is not None or want.hi is not None) and want.item != "bool":
+                vals = np.asarray(f.parts[-1])
+                for bad in (vals.min(), vals.max()):
+                    if (want.lo is not None and bad < want.lo) or (want.hi is not None and bad > want.hi):
+                        fail(key, f"holds {bad.item()}: {_range(want)}")
+            continue
+        v = _field_value(f)
+        if isinstance(v, float) and not math.isfinite(v):
+            fail(key, f"= {v}: not a finite number")
+        if (want.lo is not None and v < want.lo) or (want.hi is not None and v > want.hi):
+            fail(key, f"= {v}: {_range(want)}")
+    n_layer = fields.get(f"{arch}.block_count")
+    for key, n in lengths.items():
+        w = want_of(key)
+        if w is not None and w.per_block and n_layer is not None and n != _field_value(n_layer):
+            fail(key, f"holds {n} values, one per block: {arch}.block_count is {_field_value(n_layer)}")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in lengths and "tokenizer.ggml.tokens" in lengths and lengths[key] != lengths["tokenizer.ggml.tokens"]:
+            fail(key, f"holds {lengths[key]} values, but tokenizer.ggml.tokens holds {lengths['tokenizer.ggml.tokens']}")
+
+
+def _range(w: Want) -> str:
+    if w.hi is None:
+        return f"must be at least {w.lo:g}"
+    return f"must be {w.lo:g} to {w.hi:g}"
+
+
 class ModelMetadata:
     """What a GGUF model derives from its `fields` and its `get(key, default)`: one file (GGUFFile) or a
     split model (io/split.py)."""
@@ -244,6 +372,7 @@ class GGUFFile(ModelMetadata):
                     _field_value(f)
             except (UnicodeDecodeError, ValueError, IndexError) as e:
                 raise GgufToolError(f"{self.path}: metadata {k!r} holds an invalid value ({type(e).__name__})") from None
+        check_metadata(self.path, self.fields)
         # Each value's bytes (type id + payload) for a byte-for-byte copy; pairs are contiguous in the file.
         offsets = [f.offset for f in self.fields.values()] + [r.kv_end]
         self._value_spans = {k: (f.offset + 8 + int(f.parts[0][0]), offsets[i + 1])
