@@ -96,18 +96,131 @@ def test_recipe_rules_params_and_record(tmp_path, rng, capsys):
     assert not np.array_equal(f.tensor("blk.0.attn_v.weight").raw_rows(), ref)
 
 
+def _objective(src, p, imatrix=None):
+    """The size targeting's objective of plan p, computed tensor by tensor (not by budget.search)."""
+    from gguftool.pipeline.quantize import importance
+    return sum(budget.role_weight(s.tensor.name, src)
+               * budget.measure(src, s, [s.out_type.name], {}, importance(imatrix, s.tensor))[s.out_type.name]
+               for s in p.steps if s.quantizable)
+
+
 def test_budget_meets_target_and_beats_uniform_error(tmp_path, rng):
     src = GGUFFile(tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512, n_vocab=128))
     base = planning.make_plan(src, planning.Options(target="Q4_0", pure=True))
     allowed = ["Q4_0", "Q5_0", "Q8_0"]
-    uniform = planning.make_plan(src, planning.Options(target="Q5_0", pure=True))
-    target = uniform.out_bytes  # the budget of all-Q5_0
-    fitted = budget.fit(src, base, allowed, target)
-    assert fitted.out_bytes <= target
-    assert len({s.out_type.name for s in fitted.steps if s.quantizable}) > 1  # it mixed types
-
-    def total_error(p):
-        return sum(budget.measure(src, s, [s.out_type.name], {})[s.out_type.name] for s in p.steps if s.quantizable)
-    assert total_error(fitted) <= total_error(uniform)
+    uniform = {t: planning.make_plan(src, planning.Options(target=t, pure=True)) for t in allowed}
+    lo, hi = uniform["Q4_0"].out_bytes, uniform["Q8_0"].out_bytes
+    for target in [lo, uniform["Q5_0"].out_bytes, (lo + hi) // 2, hi - 1, hi]:
+        fit = budget.search(src, base, allowed, target)
+        assert fit.plan.out_bytes <= target
+        assert abs(fit.objective - _objective(src, fit.plan)) <= 1e-9 * fit.objective
+        fitting = [_objective(src, u) for u in uniform.values() if u.out_bytes <= target]
+        assert fit.objective <= min(fitting) * (1 + 1e-9)   # never worse than the best uniform plan that fits
+    fit = budget.search(src, base, allowed, (uniform["Q5_0"].out_bytes + hi) // 2)
+    assert fit.chosen == "mix" and len({s.out_type.name for s in fit.plan.steps if s.quantizable}) > 1
+    assert fit.best_uniform[0] == "uniform Q5_0"
+    assert fit.objective < _objective(src, uniform["Q5_0"])
     with pytest.raises(GgufToolError, match="below the smallest plan"):
         budget.fit(src, base, allowed, 1000)
+
+
+def _outlier_pair(path, rng):
+    """Two tensors of one distribution: N(0, 0.05^2) with a +-1 outlier at columns 0 and 128 of every row, so
+    Q4_HQQ_128 is coarse across each row while Q4_HQQ is coarse only in the outliers' groups of 32."""
+    from .conftest import write_gguf
+
+    def outliers():
+        w = rng.standard_normal((256, 256)).astype(np.float32) * 0.05
+        w[:, [0, 128]] = rng.choice([-1.0, 1.0], size=(256, 2))
+        return w
+    return write_gguf(path, {"blk.0.ffn_norm.weight": (np.ones(256, np.float32), None),
+                             "blk.0.ffn_up.weight": (outliers(), None), "blk.0.ffn_gate.weight": (outliers(), None)},
+                      metadata={"llama.block_count": 1, "llama.embedding_length": 256})
+
+
+@pytest.mark.parametrize("upgraded", ["blk.0.ffn_up.weight", "blk.0.ffn_gate.weight"])
+def test_imatrix_moves_the_upgrade_to_the_tensor_whose_important_columns_gain(tmp_path, rng, upgraded):
+    """Budget for one upgrade Q4_HQQ_128 -> Q4_HQQ. The tensor whose importance sits in the columns that group 32
+    quantizes finely (away from the outliers) gains from it; the other's importance sits beside the outliers, where
+    both types are coarse. The importance matrix decides which tensor gets it, both ways round."""
+    from gguftool.io.imatrix import Imatrix
+    src = GGUFFile(_outlier_pair(tmp_path / "m.gguf", rng))
+    allowed = ["Q4_HQQ_128", "Q4_HQQ"]
+    base = planning.make_plan(src, planning.Options(target="Q4_HQQ_128", pure=True))
+    one_up = base.out_bytes + 256 * 256 // 32 * 20 - 256 * 256 // 128 * 68
+    j = np.arange(256) % 128
+    fine, coarse = np.where(j >= 32, 100.0, 1.0), np.where(j < 32, 100.0, 1.0)
+    other = next(n for n in ("blk.0.ffn_up.weight", "blk.0.ffn_gate.weight") if n != upgraded)
+    imat = Imatrix(tmp_path / "i.dat", {upgraded: fine.astype(np.float32), other: coarse.astype(np.float32)})
+    plan = budget.fit(src, base, allowed, one_up, imatrix=imat)
+    types = {s.tensor.name: s.out_type.name for s in plan.steps if s.quantizable}
+    assert types == {upgraded: "Q4_HQQ", other: "Q4_HQQ_128"}
+    plain = {s.tensor.name: s for s in base.steps if s.quantizable}
+    gain = {n: (lambda e: e["Q4_HQQ_128"] - e["Q4_HQQ"])(budget.measure(src, plain[n], allowed, {})) for n in plain}
+    assert abs(gain[upgraded] - gain[other]) < 0.25 * max(gain.values())   # without it, the two are alike
+
+
+def _recipe(tmp_path, allowed, body=""):
+    r = tmp_path / "sized.toml"
+    r.write_text(f'type = "Q4_0"\npure = true\nallowed = {allowed!r}\n{body}'.replace("'", '"'))
+    return r
+
+
+def test_target_size_counts_the_whole_file(tmp_path, rng, capsys):
+    src = tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512, n_vocab=128)
+    r = _recipe(tmp_path, ["Q4_0", "Q5_0", "Q8_0", "Q4_HQQ"])
+    sizes = {}
+    for t in ("Q4_0", "Q8_0"):
+        assert main(["quantize", str(src), str(tmp_path / f"{t}.gguf"), t, "--pure", "-t", "1"]) == 0
+        sizes[t] = (tmp_path / f"{t}.gguf").stat().st_size
+    for target in [sizes["Q4_0"] + 1000, (sizes["Q4_0"] + sizes["Q8_0"]) // 2, sizes["Q8_0"] - 1]:
+        out = tmp_path / "o.gguf"
+        assert main(["quantize", str(src), str(out), "--recipe", str(r), "--target-size", str(target), "-t", "1"]) == 0
+        assert "the best uniform plan that fits" in capsys.readouterr().err
+        got = out.stat().st_size
+        assert got <= target, (got, target)
+        step = 512 * 256 * (34 - 18) // 32   # the biggest tensor (ffn, 512 x 256) from Q4_0 to Q8_0
+        assert got >= target - step, (got, target)   # near it: at most one tensor's step below
+        GGUFFile(out)   # and readable
+    assert main(["quantize", str(src), str(tmp_path / "x.gguf"), "--recipe", str(r),
+                 "--target-size", str(sizes["Q4_0"] - 1)]) == 1   # the tensor data alone would fit
+    err = capsys.readouterr().err
+    assert "below the smallest plan" in err and "MiB of file" in err and not (tmp_path / "x.gguf").exists()
+
+
+def test_file_bytes_is_the_size_written(tmp_path, rng):
+    from gguftool.pipeline.quantize import file_bytes
+    src_path = tiny_llama(tmp_path / "t.gguf", rng)
+    out = tmp_path / "o.gguf"
+    for target in ("Q4_HQQ", "Q5_0", "TQ3_0"):
+        assert main(["quantize", str(src_path), str(out), target, "-t", "1"]) == 0
+        src = GGUFFile(src_path)
+        plan = planning.make_plan(src, planning.Options(target=target))
+        assert file_bytes(src, plan, out, target=target) == out.stat().st_size
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-bpw", "0"], "--target-bpw must be positive"),
+    (["--target-bpw", "1.0"], "below the smallest plan"),
+    (["--target-size", "10K"], "below the smallest plan"),
+    (["--target-size", "1G", "--split-max-tensors", "4"], "--target-size counts one output file"),
+    (["--target-bpw", "5", "--target-size", "1G"], "not both"),
+])
+def test_impossible_budgets_are_clear_errors(tmp_path, rng, capsys, args, message):
+    src = tiny_llama(tmp_path / "t.gguf", rng)
+    out = tmp_path / "o.gguf"
+    r = _recipe(tmp_path, ["Q4_0", "Q8_0"])
+    assert main(["quantize", str(src), str(out), "--recipe", str(r), *args]) == 1
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_target_bpw_with_a_type_chooses_among_it_and_the_plans_types(tmp_path, rng, capsys):
+    """No recipe: TYPE and the types the plan gives (here Q8_0 for output.weight) are the choices."""
+    src = tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512, n_vocab=128)
+    out = tmp_path / "o.gguf"
+    assert main(["quantize", str(src), str(out), "Q4_0", "--target-bpw", "6", "--dry-run", "--format", "json"]) == 0
+    cap = capsys.readouterr()
+    import json
+    doc = json.loads(cap.out)
+    assert doc["bits_per_weight"] <= 6 and {r["to"] for r in doc["tensors"]} >= {"Q4_0", "Q8_0"}
+    assert "of Q4_0, Q8_0" in cap.err

@@ -52,7 +52,8 @@ def add_plan_args(p) -> None:
     p.add_argument("--no-kv-calibrate", action="store_true",
                    help="skip the kv-calibrate step of a recipe whose [kv] says calibrate = true")
     s = p.add_argument_group(f"HQQ solver ({HQQ_OURS}; {HQQ_STOCK} with --solver hqq)")
-    s.add_argument("--solver", choices=("ref", "hqq"), help=f"for {HQQ_STOCK}: llama.cpp's reference (default) or HQQ")
+    s.add_argument("--solver", choices=("ref", "hqq"), help=f"for {HQQ_STOCK}: llama.cpp's reference (default) or HQQ; "
+                   "for Q4_K/Q5_K/Q6_K (and the K mixes): ggml's blocks re-searched for a lower error (docs/stock-types.md)")
     s.add_argument("--hqq-iters", type=int, help="proximal iterations (default 20)")
     s.add_argument("--hqq-lp-norm", type=float, help="p of the lp-norm shrinkage (default 0.7)")
     s.add_argument("--hqq-beta", type=float, help="initial beta (default 10)")
@@ -209,7 +210,8 @@ def execute(args, src: ModelSource, out: Path, inputs: list[Path], opts: plannin
 def requantize(args, src_path: Path, out: Path, *, default_type: str | None = None, record: dict | None = None,
                refine=None, split=None):
     """A GGUF file (or the first shard of a split one) -> `out` by the shared options; refine(src, plan, opts,
-    params, recipe) may change the plan (size targets); split: a gguftool.io.split.SplitSpec (an empty layout:
+    params, recipe, imatrix=, file_bytes=) may change the plan (size targets; file_bytes(plan): the size of
+    the one-file output that plan writes); split: a gguftool.io.split.SplitSpec (an empty layout:
     the input's). Returns (plan, opts, files written), or None after --dry-run."""
     from ..io.split import SplitGGUF, open_gguf
     from ..pipeline.quantize import run as run_quantize
@@ -238,8 +240,14 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
                                   record={**rec, **(record or {})}, imatrix=imatrix, split=split,
                                   overrides=overrides)
 
+    def file_bytes(plan):
+        from ..pipeline.quantize import file_bytes
+        return file_bytes(src, plan, out, target=opts.target, params=params, record={**rec, **(record or {})},
+                          imatrix=imatrix, overrides=overrides)
+
     plan = execute(args, src, out, [*src.paths, *side_inputs(args)], opts, params, write,
-                   refine=(lambda p: refine(src, p, opts, params, recipe)) if refine else None)
+                   refine=(lambda p: refine(src, p, opts, params, recipe, imatrix=imatrix, file_bytes=file_bytes))
+                   if refine else None)
     if plan is not None:
         kv_calibrate(args, recipe, written[0], shard=split is not None)
     return None if plan is None else (plan, opts, written)

@@ -1,6 +1,7 @@
 """gguftool quantize: requantize a GGUF file, llama-quantize style, to standard or gguftool types."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .. import types
@@ -52,24 +53,58 @@ def add_parser(sub) -> None:
 
 
 def budget_bytes(args, n_params: int) -> int | None:
+    """--target-bpw: bytes of tensor data (bits per weight as size_summary counts them); --target-size: bytes of
+    the whole file."""
     if args.target_bpw is not None and args.target_size is not None:
         raise GgufToolError("give --target-bpw or --target-size, not both")
     if args.target_bpw is not None:
+        if not args.target_bpw > 0:
+            raise GgufToolError(f"--target-bpw must be positive (got {args.target_bpw})")
         return int(args.target_bpw * n_params / 8)
     if args.target_size is not None:
         from .size import parse_size
-        return parse_size(args.target_size)
+        size = parse_size(args.target_size)
+        if size < 1:
+            raise GgufToolError(f"--target-size must be positive (got {args.target_size!r})", hint="e.g. 150M, 1.2G")
+        return size
     return None
 
 
+def allowed_types(plan, opts, recipe) -> list[str]:
+    """The types size targeting chooses from: the recipe's `allowed`, else TYPE and the types the plan gives
+    (a llama-quantize mix such as Q4_K_M: the types of its own mix, e.g. Q4_K, Q6_K)."""
+    if recipe and recipe.allowed:
+        return list(recipe.allowed)
+    from ..quant import codec
+    planned = [s.out_type.name for s in plan.steps if s.quantizable]
+    target = [opts.target] if opts.mix is None and opts.target in types.PRODUCIBLE else []
+    return sorted(set(target + planned), key=lambda n: (codec(n).bpw, n))
+
+
 def fit_budget(args):
-    """--target-bpw / --target-size: per-tensor types from the recipe's allowed set (or TYPE) to meet it."""
-    def refine(src, plan, opts, params, recipe):
+    """--target-bpw / --target-size: per-tensor types from the recipe's allowed set (or TYPE and the plan's types)
+    to meet it, never worse by the objective than the best uniform plan that fits (pipeline/budget.py)."""
+    def refine(src, plan, opts, params, recipe, imatrix=None, file_bytes=None):
         budget = budget_bytes(args, plan.n_params)
         if budget is None:
             return plan
-        from ..pipeline.budget import fit
-        return fit(src, plan, recipe.allowed if recipe and recipe.allowed else [opts.target], budget, params)
+        from ..pipeline.budget import calibration_bytes, search
+        whole = args.target_size is not None
+        if whole and split_spec(args) is not None:
+            raise GgufToolError("--target-size counts one output file: not with --split-max-size/-tensors/--keep-split",
+                                hint="use --target-bpw with a split output")
+        if whole and recipe is not None and recipe.kv_calibrate and not args.no_kv_calibrate:
+            budget -= calibration_bytes(src, args.output.name)   # kv-calibrate adds its keys to the file afterwards
+        allowed = allowed_types(plan, opts, recipe)
+        fit = search(src, plan, allowed, budget, params, imatrix=imatrix, file_bytes=file_bytes if whole else None)
+        uni = fit.best_uniform
+        what = f"--target-size {args.target_size}" if whole else f"--target-bpw {args.target_bpw:g}"
+        against = f"; the best uniform plan that fits, {uni[0]}, scores {uni[2]:.4g}" if uni else \
+            "; no uniform plan fits"
+        print(f"note: {what}: {fit.chosen} of {', '.join(allowed)}"
+              f"{' with the importance matrix' if imatrix is not None else ''}, estimated error {fit.objective:.4g}"
+              f"{against}", file=sys.stderr)
+        return fit.plan
     return refine
 
 

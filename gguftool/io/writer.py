@@ -199,6 +199,21 @@ class StreamingWriter:
             for attr in registry.META_FIELDS:
                 self.add(f"{registry.META_PREFIX}{tname}.{attr}", getattr(t, attr), GGUFValueType.UINT32)
 
+    def planned_bytes(self) -> int:
+        """The size of the file begin() ... commit() will write, computed without writing it: the header,
+        metadata and tensor infos packed by gguf-py's own packers, the padding to the data alignment after
+        them and after every tensor (as write_chunks pads), and the declared tensor data."""
+        w = self._w
+        self._record_custom_types()   # as begin() will (adding them again there changes nothing)
+        n = 4 + 4 + 8 + 8   # magic, version, tensor count, metadata count
+        for key, val in w.kv_data[0].items():
+            n += len(w._pack_val(key, GGUFValueType.STRING, add_vtype=False))
+            n += len(w._pack_val(val.value, val.type, add_vtype=True, sub_type=val.sub_type))
+        for name, ti in w.tensors[0].items():
+            n += len(w._pack_val(name, GGUFValueType.STRING, add_vtype=False)) + 4 + 8 * len(ti.shape) + 4 + 8
+        n = GGUFWriter.ggml_pad(n, w.data_alignment)
+        return n + sum(GGUFWriter.ggml_pad(ti.nbytes, w.data_alignment) for ti in w.tensors[0].values())
+
     def begin(self) -> None:
         check_replaceable(self.out)   # before the work, and again at the rename (commit)
         self._record_custom_types()

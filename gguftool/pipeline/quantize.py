@@ -148,10 +148,38 @@ def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: i
     """Writes `out_path` (split: its shards, llama-gguf-split's format); returns the files written.
     overrides: metadata set last, as llama-quantize's --override-kv."""
     params = params or {}
-    file_type = llama_mix.ftype(target)
-    check_importance(plan, imatrix, file_type)
+    check_importance(plan, imatrix, llama_mix.ftype(target))
     w = StreamingWriter(out_path, src.architecture) if split is None else \
         SplitWriter(out_path, src.architecture, split, getattr(src, "paths", [src.path]))
+    declare(w, src, plan, target=target, params=params, record=record, imatrix=imatrix, overrides=overrides)
+    with w.session(), bar(plan.in_bytes, f"quantize {Path(out_path).name}") as pb:
+        w.begin()
+        for s in plan.steps:
+            t = s.tensor
+            if s.action == "copy":
+                w.write(t.raw_rows())
+                pb.update(t.n_bytes)
+            else:
+                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, {**params, **s.params}, pb,
+                                               importance(imatrix, t)))
+            src.release(t)
+        w.commit()
+    return w.paths if isinstance(w, SplitWriter) else [Path(out_path)]
+
+
+def file_bytes(src: ModelSource, plan: Plan, out_path: Path, **kw) -> int:
+    """The size of the one-file output run() writes for `plan` (same keyword arguments, no split), exactly."""
+    w = StreamingWriter(out_path, src.architecture)
+    declare(w, src, plan, **kw)
+    return w.planned_bytes()
+
+
+def declare(w, src: ModelSource, plan: Plan, *, target: str, params: dict[str, Any] | None = None,
+            record: dict[str, str] | None = None, imatrix: Imatrix | None = None,
+            overrides: dict[str, tuple[Any, GGUFValueType]] | None = None) -> None:
+    """Everything of run()'s output but the tensor data: metadata, records, tensor infos."""
+    params = params or {}
+    file_type = llama_mix.ftype(target)
     src.write_metadata(w)
     custom = types.lookup(target)
     # our llama.cpp build numbers a custom type's file type by its type id (what its llama-quantize writes)
@@ -173,16 +201,3 @@ def run(src: ModelSource, plan: Plan, out_path: Path, *, target: str, threads: i
     w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
-    with w.session(), bar(plan.in_bytes, f"quantize {Path(out_path).name}") as pb:
-        w.begin()
-        for s in plan.steps:
-            t = s.tensor
-            if s.action == "copy":
-                w.write(t.raw_rows())
-                pb.update(t.n_bytes)
-            else:
-                w.write_chunks(quantize_tensor(src, t, codec(s.out_type.name), threads, {**params, **s.params}, pb,
-                                               importance(imatrix, t)))
-            src.release(t)
-        w.commit()
-    return w.paths if isinstance(w, SplitWriter) else [Path(out_path)]
