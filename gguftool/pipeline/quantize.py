@@ -49,9 +49,13 @@ def ignored_params(plan: Plan, params: dict[str, Any]) -> list[str]:
     ignored = sorted(k for k, v in params.items() if k != "solver" or v == "hqq")
     if not ignored or _hqq_steps(plan, params):
         return []
+    from ..quant.standard import KQ_SEARCH   # solver "hqq" also runs gguftool's search for these K types
+    if ignored == ["solver"] and any(s.action == "quantize" and s.out_type.name in KQ_SEARCH
+                                     and {**params, **s.params}.get("solver") == "hqq" for s in plan.steps):
+        return []
     ours = ", ".join(t.name for t in types.of_family("hqq"))
     return [f"HQQ parameters {ignored} ignored: no tensor uses the HQQ solver "
-            f"(it fills {ours}, and {'/'.join(types.HQQ_STOCK_TARGETS)} with --solver hqq)"]
+            f"(it fills {ours}, and {'/'.join([*types.HQQ_STOCK_TARGETS, *KQ_SEARCH])} with --solver hqq)"]
 
 
 def dequantize_rows(src: ModelSource, t: TensorSource, r0: int, r1: int) -> np.ndarray:

@@ -16,6 +16,8 @@ from . import register
 from .parallel import map_rows
 from .rows import range_error
 
+KQ_SEARCH = ("Q4_K", "Q5_K", "Q6_K")   # stock K types that solver "hqq" fills with gguftool's search (kquant.py)
+
 
 @lru_cache(maxsize=1)
 def _ggml_available() -> bool:
@@ -40,8 +42,19 @@ def _ggml(t: GGMLQuantizationType, x: np.ndarray, threads: int, imatrix: np.ndar
 
 
 def _native_quantizer(t: GGMLQuantizationType):
-    def quantize(x: np.ndarray, *, threads: int = 1, imatrix: np.ndarray | None = None) -> np.ndarray:
-        return _ggml(t, x, threads, imatrix)
+    def quantize(x: np.ndarray, *, threads: int = 1, imatrix: np.ndarray | None = None, solver: str = "ref",
+                 **params: Any) -> np.ndarray:
+        if solver == "ref":
+            return _ggml(t, x, threads, imatrix)
+        if solver == "hqq" and t.name in KQ_SEARCH:   # ggml's blocks, then gguftool's search (quant/kquant.py)
+            from .kquant import refine_parallel
+            q = _ggml(t, x, threads, imatrix)
+            refine_parallel(q, x, t.name, threads=threads, imatrix=imatrix, **params)
+            return q
+        if solver == "hqq":
+            raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
+                                hint="use it with " + ", ".join([*types.hqq_targets(), *KQ_SEARCH]))
+        raise GgufToolError(f"unknown solver {solver!r}", hint="choose 'ref' (llama.cpp's reference) or 'hqq'")
     return quantize
 
 
@@ -101,4 +114,4 @@ for _t in GGMLQuantizationType:   # every type gguf.quants reads; those gguftool
         q = (_quantizer(_t) if _t.name in types.STOCK_PRODUCIBLE else
              _native_quantizer(_t) if _t.name in types.NATIVE_STOCK else None)
         register(types.stock(_t.name), q, _dequantizer(_t),
-                 {"solver": "ref"} if _t.name in types.HQQ_STOCK_TARGETS else {}, importance=q is not None)
+                 {"solver": "ref"} if _t.name in (*types.HQQ_STOCK_TARGETS, *KQ_SEARCH) else {}, importance=q is not None)
