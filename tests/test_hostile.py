@@ -835,3 +835,236 @@ def test_metadata_values_of_the_right_types_pass(tmp_path, capsys):
         "some.other.key": ([[1, 2], ["x"]], A)})   # keys nobody reads may hold anything
     assert main(["inspect", str(src), "--metadata"]) == 0
     assert "llama.attention.head_count_kv" in capsys.readouterr().out
+
+
+# ============================================================================ checkpoint values (config, tokenizer)
+# config.json, tokenizer.json, tokenizer_config.json and modules.json are checked where they are read; a value of the
+# wrong type or range is an error naming the file, the key and the problem (exit 1), never the last resort (exit 70).
+
+class _Whole:
+    """An edit's result that replaces the whole document (other edits change it in place)."""
+    def __init__(self, value):
+        self.value = value
+
+
+def _edit_json(path: Path, edit) -> None:
+    import json
+    d = json.loads(path.read_text()) if path.exists() else None
+    out = edit(d)
+    path.write_text(json.dumps(out.value if isinstance(out, _Whole) else d))
+
+
+def _set(**kv):
+    return lambda d: d.update(kv)
+
+
+def _tok_model(**kv):
+    return lambda d: d["model"].update(kv)
+
+
+def _vocab_id(token, value):
+    return lambda d: d["model"]["vocab"].__setitem__(token, value)
+
+
+CONFIG_CASES = {   # id: (file, edit, what the error must say)
+    "heads-string": ("config.json", _set(num_attention_heads="4"),
+                     "`num_attention_heads` must be an integer, not the string '4'"),
+    "heads-float": ("config.json", _set(num_attention_heads=4.5), "`num_attention_heads` must be an integer, not 4.5"),
+    "heads-negative": ("config.json", _set(num_attention_heads=-4), "`num_attention_heads` = -4: must be 1 to 65536"),
+    "heads-zero": ("config.json", _set(num_attention_heads=0), "`num_attention_heads` = 0: must be 1 to"),
+    "heads-huge": ("config.json", _set(num_attention_heads=10**12), "`num_attention_heads` = 1000000000000"),
+    "heads-bool": ("config.json", _set(num_attention_heads=True), "`num_attention_heads` must be an integer, not True"),
+    "heads-list": ("config.json", _set(num_attention_heads=[4]), "`num_attention_heads` must be an integer, not [4]"),
+    "heads-not-dividing": ("config.json", _set(num_attention_heads=3),
+                           "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    "kv-heads-not-dividing": ("config.json", _set(num_key_value_heads=3),
+                              "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    "layers-string": ("config.json", _set(num_hidden_layers="2"), "`num_hidden_layers` must be an integer"),
+    "hidden-zero": ("config.json", _set(hidden_size=0), "`hidden_size` = 0: must be 1 to"),
+    "vocab-not-the-embedding": ("config.json", _set(vocab_size=100000),
+                                "`vocab_size` is 100000, but the embedding model.embed_tokens.weight has 298 rows"),
+    "ctx-string": ("config.json", _set(max_position_embeddings="256"), "`max_position_embeddings` must be an integer"),
+    "eps-string": ("config.json", _set(rms_norm_eps="1e-5"), "`rms_norm_eps` must be a number, not the string '1e-5'"),
+    "eps-negative": ("config.json", _set(rms_norm_eps=-1.0), "`rms_norm_eps` = -1.0: must be above 0"),
+    "theta-string": ("config.json", _set(rope_theta="1e4"), "`rope_theta` must be a number"),
+    "head-dim-float": ("config.json", _set(head_dim=16.5), "`head_dim` must be an integer, not 16.5"),
+    "rope-scaling-string": ("config.json", _set(rope_scaling="linear"), "`rope_scaling` must be an object"),
+    "rope-factor-string": ("config.json", _set(rope_scaling={"rope_type": "linear", "factor": "2"}),
+                           "`rope_scaling.factor` must be a number, not the string '2'"),
+    "rope-yarn-no-ctx": ("config.json", _set(rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+                         "`rope_scaling.original_max_position_embeddings` is missing"),
+    "architectures-string": ("config.json", _set(architectures="LlamaForCausalLM"),
+                             "`architectures` must be a list of class names, not the string 'LlamaForCausalLM'"),
+    "config-list": ("config.json", lambda d: _Whole([d]), "config.json: not a JSON object"),
+    "tok-not-object": ("tokenizer.json", lambda d: _Whole([d]), "tokenizer.json: not a JSON object"),
+    "tok-vocab-id-string": ("tokenizer.json", _vocab_id("e", "x"), "tokenizer.json: `model.vocab` id of 'e' must be an integer"),
+    "tok-vocab-id-negative": ("tokenizer.json", _vocab_id("e", -1), "tokenizer.json: `model.vocab` id of 'e' = -1"),
+    "tok-vocab-list": ("tokenizer.json", _tok_model(vocab=[["a", 0]]), "no token->id vocabulary"),
+    "tok-model-string": ("tokenizer.json", lambda d: d.update(model="BPE"), "tokenizer.json: `model` must be an object"),
+    "tok-added-not-list": ("tokenizer.json", _set(added_tokens={"id": 0}), "`added_tokens` must be a list"),
+    "tok-added-no-id": ("tokenizer.json", lambda d: d["added_tokens"][0].__delitem__("id"), "`added_tokens[0]`"),
+    "tok-added-id-string": ("tokenizer.json", lambda d: d["added_tokens"][0].update(id="0"),
+                            "`added_tokens[0].id` must be an integer"),
+    "tok-added-content-int": ("tokenizer.json", lambda d: d["added_tokens"][1].update(content=5),
+                              "`added_tokens[1].content` must be a string"),
+    "tok-merges-ints": ("tokenizer.json", _tok_model(merges=[1, 2]), "tokenizer.json: `model.merges[0]` must be a string"),
+    "tok-merges-string": ("tokenizer.json", _tok_model(merges="e t"), "tokenizer.json: `model.merges` must be a list"),
+    "tok-pre-string": ("tokenizer.json", _set(pre_tokenizer="ByteLevel"), "`pre_tokenizer` must be an object"),
+    "tok-normalizer-list": ("tokenizer.json", _set(normalizer=["Lowercase"]), "`normalizer` must be an object"),
+    "tokcfg-list": ("tokenizer_config.json", lambda d: _Whole([d]), "tokenizer_config.json: not a JSON object"),
+    "tokcfg-prefix-string": ("tokenizer_config.json", _set(add_prefix_space="yes"),
+                             "`add_prefix_space` must be true or false, not the string 'yes'"),
+    "tokcfg-bos-int": ("tokenizer_config.json", _set(bos_token=7), "tokenizer_config.json: `bos_token`"),
+    "tokcfg-add-bos-string": ("tokenizer_config.json", _set(add_bos_token="true"), "`add_bos_token` must be true or false"),
+    "tokcfg-template-int": ("tokenizer_config.json", _set(chat_template=5), "`chat_template` must be a string"),
+    "modules-strings": ("modules.json", lambda d: _Whole(["sentence_transformers.models.Pooling"]),
+                        "modules.json: `[0]` must be an object"),
+    "modules-dict": ("modules.json", lambda d: _Whole({"path": "1_Pooling"}), "modules.json: must be a list"),
+    "modules-path-int": ("modules.json", lambda d: _Whole([{"type": "sentence_transformers.models.Pooling", "path": 1}]),
+                         "not a relative path"),
+    "pooling-config-list": ("1_Pooling/config.json", lambda d: _Whole([True]), "1_Pooling/config.json: not a JSON object"),
+}
+
+
+def _hostile_checkpoint(tmp_path: Path, case: str) -> Path:
+    name, edit, _ = CONFIG_CASES[case]
+    arch = "Qwen2ForCausalLM" if name.startswith(("modules", "1_Pooling")) else "LlamaForCausalLM"   # pooling: qwen/bert
+    ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0), arch=arch)
+    if name.startswith(("modules", "1_Pooling")):
+        import json
+        (ck / "1_Pooling").mkdir()
+        (ck / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+        (ck / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]))
+    _edit_json(ck / name, edit)
+    return ck
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES)
+def test_a_checkpoint_value_of_the_wrong_type_names_file_key_and_problem(tmp_path, capsys, case):
+    ck = _hostile_checkpoint(tmp_path, case)
+    out = tmp_path / "o.gguf"
+    assert main(["convert", str(ck), str(out)]) == 1, case
+    err = capsys.readouterr().err
+    wanted = CONFIG_CASES[case][2]
+    assert f"error: {ck}" in err and wanted in err, (case, err)
+    assert "unexpected" not in err and "warning" not in err and not out.exists()   # one message, before planning
+
+
+# ============================================================================ bounded memory
+# Counts and sizes a header or config claims never drive an allocation: each case runs in a process limited to
+# 2 GiB of address space (an allocation proportional to the claim dies there) and must still end in a clean error.
+_LIMITED = """
+import contextlib, io, json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+from gguftool.cli import main
+out = {}
+for case, argv in json.loads(sys.argv[1]).items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException as e:   # a MemoryError the handler did not see
+            rc = repr(e)
+    out[case] = [rc, err.getvalue()]
+print(json.dumps(out))
+"""
+
+
+def _run_limited(cases: dict[str, list[str]]) -> dict[str, tuple[object, str]]:
+    import json
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", _LIMITED, json.dumps(cases)], capture_output=True, text=True, timeout=600,
+                       env=env, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def _gguf_bytes(n_tensors: int, n_kv: int, body: bytes = b"") -> bytes:
+    import struct
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + body
+
+
+def _claims_gguf() -> dict[str, tuple[bytes, str]]:
+    import struct
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+    arr = s(b"x.a") + struct.pack("<I", 9)
+    return {   # id: (file bytes, what the error says)
+        "n_tensors-2^63": (_gguf_bytes(2**63 - 1, 0), "run past the end of the file"),
+        "n_kv-2^63": (_gguf_bytes(0, 2**63 - 1), "run past the end of the file"),
+        "n_kv-10^7": (_gguf_bytes(0, 10**7, s(b"k") + struct.pack("<IB", 0, 1)), "run past the end of the file"),
+        "u8-array-2^62": (_gguf_bytes(0, 1, arr + struct.pack("<IQ", 0, 2**62) + bytes(64)), "run past the end"),
+        "string-array-2^62": (_gguf_bytes(0, 1, arr + struct.pack("<IQ", 8, 2**62) + bytes(8 * 1000)), "runs past the end"),
+        "nested-array-2^62": (_gguf_bytes(0, 1, arr + struct.pack("<IQ", 9, 2**62) + struct.pack("<IQ", 0, 0) * 1000),
+                              "run past the end"),
+        "key-length-2^63": (_gguf_bytes(0, 1, struct.pack("<Q", 2**63) + b"abc"), "run past the end"),
+        "string-length-2^62": (_gguf_bytes(0, 1, s(b"x.a") + struct.pack("<IQ", 8, 2**62) + b"abc"), "run past the end"),
+        "n_dims-2^31": (_gguf_bytes(1, 0, s(b"t") + struct.pack("<I", 2**31) + bytes(64)), "run past the end"),
+        "dims-2^62": (_gguf_bytes(1, 0, s(b"t") + struct.pack("<IQQIQ", 2, 2**62, 2**62, 0, 0) + bytes(64)),
+                      "data runs past the end of the file"),
+    }
+
+
+def _safetensors_bytes(header: object, data: bytes = b"", raw: bytes | None = None) -> bytes:
+    import json
+    import struct
+    h = raw if raw is not None else json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def _claims_safetensors() -> dict[str, tuple[bytes, str]]:
+    import struct
+    entry = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    return {
+        "header-length-2^63": (struct.pack("<Q", 2**63) + b"{}", "header length 9223372036854775808 does not fit"),
+        "shape-TBs": (_safetensors_bytes({"w": {**entry, "shape": [2**40, 2**40]}}, bytes(16)),
+                      "holds 16 bytes, but F32[1099511627776, 1099511627776] needs"),
+        "shape-wraps-int64": (_safetensors_bytes({"w": {**entry, "dtype": "I8", "shape": [2**61 + 1, 8],
+                                                        "data_offsets": [0, 8]}}, bytes(8)), "holds 8 bytes"),
+        "negative-dims": (_safetensors_bytes({"w": {**entry, "shape": [-2, -2]}}, bytes(16)), "malformed header entry"),
+        "string-offsets": (_safetensors_bytes({"w": {**entry, "data_offsets": ["0", "16"]}}, bytes(16)),
+                           "malformed header entry"),
+        "offsets-past-end": (_safetensors_bytes({"w": {**entry, "data_offsets": [0, 2**62]}}, bytes(16)),
+                             "lies outside the file"),
+        "nested-200k-deep": (_safetensors_bytes(None, raw=b"[" * 200000 + b"]" * 200000), "corrupt safetensors header"),
+        "metadata-list": (_safetensors_bytes({"__metadata__": [1], "w": entry}, bytes(16)), "__metadata__ is not an object"),
+    }
+
+
+def test_claimed_counts_and_sizes_fail_fast_with_bounded_memory(tmp_path, rng):
+    cases, wanted = {}, {}
+    (tmp_path / "out").mkdir()
+    for case, (data, msg) in _claims_gguf().items():
+        p = tmp_path / f"{case}.gguf"
+        p.write_bytes(data)
+        cases[case], wanted[case] = ["inspect", str(p), "--metadata"], (str(p), msg)
+    for case, (data, msg) in _claims_safetensors().items():
+        ck = tiny_checkpoint(tmp_path / case, rng)
+        (ck / "model.safetensors").write_bytes(data)
+        cases[case] = ["convert", str(ck), str(tmp_path / "out" / f"{case}.gguf")]
+        wanted[case] = (str(ck / "model.safetensors"), msg)
+    for case, edit, msg in [   # config.json and tokenizer.json claims: a vocabulary, layers
+            ("vocab-10^12", _set(vocab_size=10**12), "`vocab_size` = 1000000000000: must be 1 to"),
+            ("vocab-2^31-not-the-embedding", _set(vocab_size=2**31 - 1), "has 298 rows"),
+            ("layers-10^9", _set(num_hidden_layers=10**9), "`num_hidden_layers` = 1000000000: must be 1 to 512"),
+            ("token-id-10^12", None, "tokenizer.json: has token id 1000000000000, but the model's vocab_size is 298"),
+            ("config-nested-200k-deep", "deep", "config.json: not valid JSON")]:
+        ck = tiny_checkpoint(tmp_path / case, rng)
+        if edit == "deep":
+            (ck / "config.json").write_text("[" * 200000 + "]" * 200000)
+        elif edit is None:
+            _edit_json(ck / "config.json", lambda d: d.pop("vocab_size") and None)   # the embedding gives it
+            _edit_json(ck / "tokenizer.json", _vocab_id("e", 10**12))
+        else:
+            _edit_json(ck / "config.json", edit)
+        cases[case], wanted[case] = ["convert", str(ck), str(tmp_path / "out" / f"{case}.gguf")], (str(ck), msg)
+    got = _run_limited(cases)
+    assert len(got) == len(cases) >= 20
+    for case, (rc, err) in got.items():
+        where, msg = wanted[case]
+        assert rc == 1 and f"error: {where}" in err and msg in err, (case, rc, err)
+        assert "unexpected" not in err and "MemoryError" not in err, (case, err)
+    assert list((tmp_path / "out").iterdir()) == []

@@ -79,6 +79,11 @@ class HFModel:
         self.checkpoint = Checkpoint(self.path)
         self.tensors: list[ConvertedTensor] = self._map_tensors()
         self._by_name = {t.name: t for t in self.tensors}
+        self._check_vocab_size()
+        # every input file is read (and checked) here, before planning: a bad one is one error, nothing half-planned
+        self._tokenizer = vocab.load_checked(self.path, self.config["vocab_size"])
+        if self.arch.name in archs.POOLED:
+            archs.pooling_type(self.path)
         self.fields: dict[str, Any] = {}  # no GGUF header to carry over
 
     # -- tensors ---------------------------------------------------------------
@@ -104,7 +109,7 @@ class HFModel:
             if st.dtype not in FLOAT_DTYPES:
                 raise GgufToolError(f"{st.file.path}: tensor {st.name!r} has dtype {st.dtype}; gguftool converts "
                                     f"{', '.join(FLOAT_DTYPES)} weights", hint="dequantize the checkpoint first")
-            out.append(self._tensor(gname, st, archs.transform_for(arch, cfg, hf)))
+            out.append(self._tensor(gname, st, archs.transform_for(arch, cfg, hf, st.shape)))
         if unmapped:
             raise GgufToolError(f"{self.path}: {len(unmapped)} tensor(s) have no {arch.gguf_name} name in gguf's tables: "
                                 f"{', '.join(unmapped[:5])}{' ...' if len(unmapped) > 5 else ''}",
@@ -117,6 +122,20 @@ class HFModel:
         if not out:
             raise GgufToolError(f"{self.path}: no weights to convert")
         return out
+
+    def _check_vocab_size(self) -> None:
+        """The vocabulary is as large as the token embedding (llama.cpp loads nothing else): config.json's
+        vocab_size must agree, and without one the embedding gives it. Token lists are built to this size,
+        so what a config or tokenizer.json claims cannot make them larger than the real weights."""
+        emb = self._by_name.get("token_embd.weight")
+        if emb is None or len(emb.shape) != 2:
+            raise GgufToolError(f"{self.path}: no token embedding (2-D) among the checkpoint's weights",
+                                hint="llama.cpp needs token_embd.weight; is the checkpoint complete?")
+        rows, claimed = emb.shape[0], self.config.get("vocab_size")
+        if claimed is not None and claimed != rows:
+            raise GgufToolError(f"{self.path / 'config.json'}: `vocab_size` is {claimed}, but the embedding {emb.source} "
+                                f"has {rows} rows", hint="config.json does not belong to these weights")
+        self.config["vocab_size"] = rows
 
     def _tensor(self, gname: str, st: STensor, transform: archs.Transform | None) -> ConvertedTensor:
         shape = st.shape if st.shape else (1,)
@@ -162,7 +181,8 @@ class HFModel:
             meta.size_label = gguf.size_label(self.n_params, 0, 0, 0)
         meta.set_gguf_meta_model(g)
         archs.write_hparams(self.arch, self.config, g, self.path)
-        self.tokenizer_pre = vocab.write_vocab(self.arch.vocab, self.arch.name, self.path, self.config, g, self.tokenizer_pre)
+        self.tokenizer_pre = vocab.write_vocab(self.arch.vocab, self.arch.name, self.path, self.config, g, self.tokenizer_pre,
+                                              self._tokenizer)
         g.add_quantization_version(gguf.GGML_QUANT_VERSION)
         return g
 

@@ -75,8 +75,10 @@ class _Reader(GGUFReader):
         plain = self.__dict__.get("_plain")
         if plain is None or plain.base is not self.data:
             plain = self._plain = self.data.view(np.ndarray)
-        dtype = np.dtype(dtype)
-        arr = plain[offset:offset + dtype.itemsize * int(count)].view(dtype)[:int(count)]
+        dtype, count = np.dtype(dtype), int(count)
+        arr = plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+        if len(arr) != count:   # gguf-py would go on with a short slice: a cut string, a missing dimension
+            raise ValueError(f"{count} value(s) at byte {offset} run past the end of the file ({len(plain)} bytes)")
         order = self.byte_order if override_order is None else override_order
         return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
 

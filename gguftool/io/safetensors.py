@@ -10,6 +10,7 @@ offsets relative to the end of the header.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -33,6 +34,10 @@ SINGLE_NAME = "model.safetensors"
 MAX_HEADER = 100 * 2**20  # the reference implementation's own limit
 
 
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 @dataclass(frozen=True)
 class STensor:
     """One tensor of a safetensors file; `array()` maps it without reading it."""
@@ -45,7 +50,7 @@ class STensor:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def release(self) -> None:
         self.file.release(self.begin, self.n_bytes)
@@ -78,18 +83,25 @@ class SafetensorsFile:
             header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise GgufToolError(f"{self.path}: corrupt safetensors header ({e})") from None
+        except RecursionError:
+            raise GgufToolError(f"{self.path}: corrupt safetensors header (nested too deeply)") from None
         if not isinstance(header, dict):
             raise GgufToolError(f"{self.path}: corrupt safetensors header (not a JSON object)")
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise GgufToolError(f"{self.path}: corrupt safetensors header (__metadata__ is not an object)")
         base = 8 + n
         self.tensors: dict[str, STensor] = {}
         for name, info in header.items():
+            # the reference reader's rules: a dtype name, a list of non-negative integer dimensions, two offsets
             try:
-                dtype, shape, (b, e) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+                dtype, shape, (b, e) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+                if not isinstance(dtype, str) or not all(_count(x) for x in (*shape, b, e)):
+                    raise ValueError
             except (KeyError, TypeError, ValueError):
-                raise GgufToolError(f"{self.path}: tensor {name!r} has a malformed header entry: {info!r}") from None
+                raise GgufToolError(f"{self.path}: tensor {name!r} has a malformed header entry: {str(info)[:200]}") from None
             itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else None
-            n_el = int(np.prod(shape, dtype=np.int64))
+            n_el = math.prod(shape)   # Python ints: a claimed shape cannot wrap around into a small size
             if not (0 <= b <= e) or base + e > size:
                 raise GgufToolError(f"{self.path}: tensor {name!r} data [{b}, {e}) lies outside the file ({size} bytes)",
                                     hint="the file is truncated; download it again")
