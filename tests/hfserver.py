@@ -12,7 +12,10 @@ get_hf_file_metadata / http_get, utils/_http.py hf_raise_for_status):
 Errors carry the hub's X-Error-Code header (RepoNotFound, RevisionNotFound, EntryNotFound), which
 the client turns into its typed exceptions; a private repo answers 401 without the right bearer token.
 Fault injection for tests: `drop_after[path] = n` cuts the connection after n bytes of the first
-full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree lists them.
+full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree lists them;
+`cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
+and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
+every request for a file.
 """
 from __future__ import annotations
 
@@ -52,6 +55,9 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.log: list[tuple[str, str, str | None]] = []   # (method, path, Range header)
         self.drop_after: dict[str, int] = {}
+        self.cut_every: dict[str, int] = {}
+        self.status_all: int | None = None
+        self.status_files: int | None = None
         self.hidden: set[str] = set()
         self._lock = threading.Lock()
         hub = self
@@ -140,6 +146,10 @@ class FakeHub:
         path = unquote(url.path)
         with self._lock:
             self.log.append(("HEAD" if head else "GET", path, h.headers.get("Range")))
+        status = self.status_all or (self.status_files if "/resolve/" in path else None)
+        if status is not None:
+            self._error(h, status, None, "the server is failing", head)
+            return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             repo = self._repo(h, m.group(1), head)
@@ -197,6 +207,7 @@ class FakeHub:
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         cut = self.drop_after.pop(fname, None) if not start else None
+        cut = self.cut_every.get(fname, cut)
         if cut is not None:  # a broken connection mid-file: send part, then hang up
             h.wfile.write(body[:cut])
             h.wfile.flush()

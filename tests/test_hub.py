@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +177,90 @@ def test_gguf_repository_is_requantized(hub, tmp_path, rng):
     assert GGUFFile(out).get("gguftool.source.file") == "tiny-F16.gguf"
     with pytest.raises(GgufToolError, match="no GGUF file matches"):
         hubio.fetch("tests-org/tiny-GGUF", gguf_pattern="*Q2_K*")
+
+
+# -- the attempt limit (issue #14, bounded work) ------------------------------------------------------
+def test_a_connection_that_always_breaks_hits_the_attempt_limit(hub, checkpoint_files, tmp_path, monkeypatch, capsys):
+    """Each try brings a few bytes, so huggingface_hub alone would retry it without end: it is tried --attempts times."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 12)
+    hub.add(REPO, checkpoint_files)
+    hub.cut_every["model.safetensors"] = 5000
+    out = tmp_path / "o.gguf"
+    assert _hub(REPO, "--type", "F16", "-o", out, "--attempts", "3") == 1
+    err = capsys.readouterr().err
+    assert f"error: {REPO}: gave up on model.safetensors after 3 attempts (the last: HTTP 206, then the connection broke)" \
+        in err and "the files that finished are cached" in err and "unexpected" not in err
+    assert len(hub.requests("GET", "/model.safetensors")) == 3 and not out.exists()
+    hub.cut_every.clear()   # the server mends: the next run finishes, without fetching the finished files again
+    n_config = len(hub.requests("GET", "/config.json"))
+    assert _hub(REPO, "--type", "F16", "-o", out) == 0
+    assert len(hub.requests("GET", "/config.json")) == n_config == 1
+
+
+def test_a_server_answering_500_for_files_hits_the_attempt_limit(hub, checkpoint_files, tmp_path, capsys):
+    hub.add(REPO, checkpoint_files)
+    hub.status_files = 500
+    assert _hub(REPO, "--type", "F16", "-o", tmp_path / "o.gguf", "--attempts", "2") == 1
+    err = capsys.readouterr().err
+    assert re.search(rf"error: {REPO}: gave up on \S+ after 2 attempts \(the last: HTTP 500\)", err), err
+    per_file = Counter(p for m, p, _ in hub.log if "/resolve/" in p)
+    assert per_file and max(per_file.values()) <= 2
+
+
+def test_a_server_answering_500_to_everything_is_one_clear_error(hub, checkpoint_files, tmp_path, capsys):
+    hub.add(REPO, checkpoint_files)
+    hub.status_all = 500
+    assert _hub(REPO, "--type", "F16", "-o", tmp_path / "o.gguf") == 1
+    err = capsys.readouterr().err
+    assert "500" in err and REPO in err and "unexpected" not in err
+    assert len(hub.log) <= ATTEMPTS_DEFAULT
+
+
+ATTEMPTS_DEFAULT = hubio.ATTEMPTS
+
+
+def test_a_server_that_hangs_up_at_once_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    """Accepts the connection and closes it before answering, every time."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.getsockname()[1]}")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        assert _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60") == 1
+        err = capsys.readouterr().err
+        assert "error: " in err and "127.0.0.1" in err and "unexpected" not in err, err
+        assert len(accepted) <= ATTEMPTS_DEFAULT
+    finally:
+        srv.close()
+
+
+def test_the_overall_retry_budget(monkeypatch):
+    """Many requests each retried a little: the download stops at RETRIES_PER_ATTEMPT x attempts retries in all."""
+    from types import SimpleNamespace
+    b = hubio._Attempts(3)
+    assert b.retries == hubio.RETRIES_PER_ATTEMPT * 3
+    with pytest.raises(hubio._GaveUp, match=r"gave up after 12 retries in all \(the last of f12: HTTP 503\)"):
+        for i in range(100):
+            req = SimpleNamespace(method="GET", url=f"http://h/org/m/resolve/abc/f{i}")
+            b.on_request(req)
+            b.on_response(SimpleNamespace(request=req, status_code=503))
+            b.on_request(req)   # one retry each: none reaches 3 attempts
+    assert b.n_retries == 13
+    with pytest.raises(hubio._GaveUp):   # and everything after it is refused too
+        b.on_request(SimpleNamespace(method="GET", url="http://h/other"))

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..io import hub as hubio
 from ..io.writer import check_output_path
 from . import formatter
-from .args import number
+from .args import number, positive
 from .planning import add_checkpoint_args, convert, requantize, size_summary
 
 EXAMPLES = """examples:
@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
     p.add_argument("--deadline", type=number(float, above=0), default=hubio.DEADLINE_SECONDS, metavar="SECONDS",
                    help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; it resumes)")
+    p.add_argument("--attempts", type=positive, default=hubio.ATTEMPTS, metavar="N",
+                   help=f"tries of one file before giving up (default {hubio.ATTEMPTS}); the download gives up after "
+                        f"{hubio.RETRIES_PER_ATTEMPT} x N retries in all")
     add_checkpoint_args(p)
     p.set_defaults(func=run)
 
@@ -46,7 +49,8 @@ def run(args) -> int:
     out = args.output or Path(f"{args.repo_id.split('/')[-1]}-{label}.gguf")
     check_output_path(out, [])
     snap = hubio.fetch(args.repo_id, args.revision, gguf_pattern=args.gguf_pattern, token=args.token,
-                       offline=True if args.offline else None, deadline=args.deadline)
+                       offline=True if args.offline else None, deadline=args.deadline,
+                       attempts=args.attempts)
     print(f"{args.repo_id}@{snap.revision}: commit {snap.commit} in {snap.path}", file=sys.stderr)
     record = snap.record(hubio.endpoint())
     if snap.kind == "checkpoint":

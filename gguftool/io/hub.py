@@ -138,30 +138,143 @@ def _kind(files: list[str], repo_id: str) -> str:
 
 
 DEADLINE_SECONDS = 6 * 3600   # the whole download; huggingface_hub's own timeouts are per request
+# huggingface_hub retries a broken download 5 times, and starts counting again whenever the last try brought a
+# few bytes: a server that always breaks the connection after a little data is retried without end. Every
+# request it makes during a download is counted here instead: one request (a file's HEAD or GET, an API call)
+# is tried at most ATTEMPTS times, and all of them together are retried at most RETRIES_PER_ATTEMPT x ATTEMPTS times.
+ATTEMPTS = 6
+RETRIES_PER_ATTEMPT = 4
 
 
-def fetch(repo_id: str, revision: str | None = None, *, deadline: float | None = DEADLINE_SECONDS, **kw) -> Snapshot:
+class _GaveUp(Exception):
+    """Raised in huggingface_hub's HTTP client when the attempt limit is reached (turned into a GgufToolError)."""
+
+
+class _Attempts:
+    """The request budget of one download: counts each request (method + URL) huggingface_hub sends."""
+
+    def __init__(self, attempts: int):
+        self.attempts, self.retries = attempts, RETRIES_PER_ATTEMPT * attempts
+        self.tries: dict[tuple[str, str], int] = {}
+        self.answers: dict[tuple[str, str], str] = {}
+        self.n_retries = 0
+        self.gave_up: str | None = None
+        self.stopped = False   # the download is over: later requests of it fail
+        self.abandoned = False   # the caller stopped waiting for it (deadline)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def what(url: str) -> str:
+        path = url.split("?", 1)[0]
+        return path.split("/resolve/", 1)[1].split("/", 1)[-1] if "/resolve/" in path else path.split("://", 1)[-1]
+
+    def on_request(self, request) -> None:
+        key = (request.method, str(request.url))
+        with self._lock:
+            if self.stopped or self.gave_up:
+                raise _GaveUp(self.gave_up or "the download was stopped")
+            n = self.tries[key] = self.tries.get(key, 0) + 1
+            self.n_retries += n > 1
+            last = self.answers.get(key, "the connection broke")
+            if n > self.attempts:
+                self.gave_up = f"gave up on {self.what(key[1])} after {n - 1} attempts (the last: {last})"
+            elif self.n_retries > self.retries:
+                self.gave_up = (f"gave up after {self.n_retries - 1} retries in all (the last of {self.what(key[1])}: "
+                                f"{last})")
+            if self.gave_up:
+                raise _GaveUp(self.gave_up)
+
+    def on_response(self, response) -> None:
+        key = (response.request.method, str(response.request.url))
+        with self._lock:
+            code = response.status_code
+            self.answers[key] = f"HTTP {code}" if code >= 400 else f"HTTP {code}, then the connection broke"
+
+
+_budget: _Attempts | None = None   # the download under way (one at a time)
+
+
+def _client():
+    """huggingface_hub's own HTTP client, with the budget's hooks (no-ops outside a download)."""
+    from huggingface_hub.utils._http import default_client_factory
+    c = default_client_factory()
+
+    def on_request(request):
+        if _budget is not None:
+            _budget.on_request(request)
+
+    def on_response(response):
+        if _budget is not None:
+            _budget.on_response(response)
+    hooks = c.event_hooks
+    c.event_hooks = {"request": [*hooks.get("request", []), on_request],
+                     "response": [*hooks.get("response", []), on_response]}
+    return c
+
+
+_installed = False
+
+
+def _install_budget() -> None:
+    global _installed
+    if not _installed:
+        from huggingface_hub import set_client_factory
+        set_client_factory(_client)
+        _installed = True
+
+
+def fetch(repo_id: str, revision: str | None = None, *, deadline: float | None = DEADLINE_SECONDS,
+          attempts: int = ATTEMPTS, **kw) -> Snapshot:
     """Download what a conversion of `repo_id` needs; returns where it lies and which commit it is.
     A server that trickles or stalls cannot hold the run past `deadline` seconds: the download runs in
-    a daemon thread and we stop waiting (what arrived stays in the cache, and the next run resumes)."""
+    a daemon thread and we stop waiting (what arrived stays in the cache, and the next run resumes).
+    A server that keeps failing cannot make it retry without end: see ATTEMPTS."""
+    global _budget
+    _install_budget()
+    budget = _budget = _Attempts(attempts)
+    try:
+        return _fetch_within(repo_id, revision, deadline, budget, **kw)
+    finally:
+        budget.stopped = True
+        if not budget.abandoned:   # else it stays, so that the abandoned download stops at its next request
+            _budget = None
+
+
+def _fetch_within(repo_id: str, revision: str | None, deadline: float | None, budget: _Attempts, **kw) -> Snapshot:
+    def run():
+        try:
+            return _fetch(repo_id, revision, **kw)
+        except GgufToolError:
+            if budget.gave_up:   # huggingface_hub may report our stop as "cannot reach the server"
+                raise _gave_up(repo_id, budget) from None
+            raise
+        except _GaveUp:
+            raise _gave_up(repo_id, budget) from None
     if deadline is None:
-        return _fetch(repo_id, revision, **kw)
+        return run()
     done: dict[str, object] = {}
 
     def work():
         try:
-            done["snapshot"] = _fetch(repo_id, revision, **kw)
+            done["snapshot"] = run()
         except BaseException as e:   # handed to the caller's thread below
             done["error"] = e
     t = threading.Thread(target=work, name="gguftool-hub", daemon=True)
     t.start()
     t.join(deadline)
     if t.is_alive():
+        budget.abandoned = True
         raise GgufToolError(f"{repo_id}: the download did not finish within {deadline:g} s ({endpoint()})",
                             hint="what arrived is cached: run again to resume, or raise --deadline")
     if "error" in done:
         raise done["error"]
     return done["snapshot"]
+
+
+def _gave_up(repo_id: str, budget: _Attempts) -> GgufToolError:
+    return GgufToolError(f"{repo_id}: {budget.gave_up} ({endpoint()})",
+                         hint="the server keeps failing; the files that finished are cached: run again later "
+                              "(or raise --attempts)")
 
 
 def _fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | None = None, token: str | None = None,
@@ -253,8 +366,8 @@ def _errors(repo_id: str, rev: str, ep: str, offline: bool) -> Iterator[None]:
             raise GgufToolError(f"{repo_id}: a download ended early ({str(e).splitlines()[0]})",
                                 hint="run the command again: finished files are kept") from None
         raise
-    except Exception as e:  # httpx connection errors, without importing httpx's name here
-        if type(e).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError"):
+    except Exception as e:  # httpx's transport errors (connect, read, write, protocol, timeouts), not named here
+        if any(c.__name__ == "TransportError" for c in type(e).__mro__):
             raise GgufToolError(f"cannot download from {ep}: {e}", hint="check the network or HF_ENDPOINT") from None
         raise
 
