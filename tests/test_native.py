@@ -136,6 +136,27 @@ def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
         assert abs(simd - exact) <= 2e-3 * mag + 1e-5, (simd, exact, mag)
 
 
+KV_TYPES = [t.name.lower() for t in gtypes.CUSTOM_TYPES if t.kv_cache]
+
+
+@pytest.mark.parametrize("k,v", [("f16", "f16"), ("q8_0", "q4_0"), *(("q5_0", t) for t in KV_TYPES),
+                                 *((t, t) for t in KV_TYPES)])
+@pytest.mark.parametrize("n_kv", [256, 1024])
+def test_decode_flash_attention_agrees(native, k, v, n_kv):
+    """One decode step of CPU flash attention (SmolLM2's 9 query / 3 KV heads of 64, or of one 128 block):
+    the build's path
+    (keys split over the threads from 512 of them on, for every cache type; TQ3_1 rows accumulated
+    straight from their blocks) gives ggml's reference path's result (one head per thread, to_float
+    then mad) and attention in double on the decoded cache."""
+    d = max([64] + [gtypes.BY_NAME[t.upper()].block_size for t in (k, v) if t.upper() in gtypes.BY_NAME])
+    out = check(native, "fa", k, v, str(d), str(n_kv), "9", "3", "2", "1")
+    got = dict(kv.split("=") for kv in out.split())
+    # same math up to float summation order; the f16 reference path accumulates V in fp16
+    assert float(got["fast_vs_ref"]) <= (1e-2 if v == "f16" else 1e-5), out
+    # the double reference differs by the Q8 query of a quantized K dot, and f16 rounding
+    assert float(got["fast_vs_exact"]) <= 2e-2, out
+
+
 @pytest.mark.parametrize("name", OURS)
 def test_validate_row_data_checks_fp16_fields(native, name, tmp_path, rng):
     x = _weights(rng, rows=6, n=256)

@@ -11,7 +11,7 @@ from gguftool.errors import GgufToolError
 from gguftool.quant import tq3, tq3_1
 from gguftool.quant import tq3_codebook as cb
 
-from .test_tq3 import _TOOLCHAINS, _inputs, check_harness, checked_path_agrees, hadamard_orthonormal
+from .test_tq3 import _TOOLCHAINS, ROOT, _inputs, check_harness, checked_path_agrees, hadamard_orthonormal
 
 BYTES = tq3_1.BLOCK_BYTES
 
@@ -147,3 +147,64 @@ def test_native_flags_give_the_same_results(tmp_path, toolchain):
     """As llama.cpp compiles it (AVX2, NEON under qemu, scalar), the file gives the numpy twin's bits."""
     check_harness(tmp_path, toolchain, _HARNESS, "gqt_tq3_1.c", lambda x: tq3_1.quantize_tq3_1_ref(x, saturate=True),
                   tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref)
+
+
+def _mad_inputs():
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    x[1] = 0.0                                     # zero-scale blocks
+    x[2, :32] *= np.float32(1e-6)                  # subnormal-ish scales
+    q = tq3_1.quantize_tq3_1_ref(x)
+    acc = (rng.standard_normal(x.shape) * 3).astype(np.float32)
+    s = rng.uniform(0, 1, len(x)).astype(np.float32)
+    s[3] = 1.0
+    return q, acc, s
+
+
+def test_fused_v_accumulate_matches_twin():
+    """gqt_mad_tq3_1 (flash attention's V accumulation) gives its numpy twin's bits, and that is
+    acc + s * (the decoded row) up to one rounding."""
+    q, acc, s = _mad_inputs()
+    got = tq3_1.mad_tq3_1(q, acc, s)
+    assert np.array_equal(got, tq3_1.mad_tq3_1_ref(q, acc, s))
+    plain = acc + s[:, None] * tq3_1.dequantize_tq3_1_ref(q)
+    assert np.abs(got - plain).max() <= 4 * np.finfo(np.float32).eps * np.abs(plain).max()
+    assert np.array_equal(got[1], acc[1])          # a zero row adds nothing
+
+
+_MAD_HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "gqt_tq3_1.h"
+int main(int argc, char ** argv) {
+    const int rows = atoi(argv[1]), n = atoi(argv[2]);
+    const size_t nq = (size_t) rows * n / 32 * 14;
+    unsigned char * q = malloc(nq);
+    float * acc = malloc(sizeof(float) * rows * n), * s = malloc(sizeof(float) * rows);
+    if (fread(q, 1, nq, stdin) != nq || fread(acc, sizeof(float), (size_t) rows * n, stdin) != (size_t) rows * n
+        || fread(s, sizeof(float), rows, stdin) != (size_t) rows) return 2;
+    for (int r = 0; r < rows; ++r) gqt_mad_tq3_1(n, acc + (size_t) r * n, q + (size_t) r * n / 32 * 14, s[r]);
+    fwrite(acc, sizeof(float), (size_t) rows * n, stdout);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
+def test_fused_v_accumulate_same_bits_on_every_toolchain(tmp_path, toolchain):
+    """As llama.cpp compiles it (AVX2, NEON under qemu, scalar, contraction allowed): the twin's bits."""
+    import shutil
+    import subprocess
+    cc, runner = _TOOLCHAINS[toolchain]
+    missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    (tmp_path / "h.c").write_text(_MAD_HARNESS)
+    fast = ROOT / "gguftool" / "_fast"
+    r = subprocess.run([*cc, f"-I{fast}", str(tmp_path / "h.c"), str(fast / "gqt_tq3_1.c"), "-lm", "-o", str(tmp_path / "h")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    q, acc, s = _mad_inputs()
+    out = subprocess.run([*runner, str(tmp_path / "h"), str(len(q)), str(acc.shape[1])],
+                         input=q.tobytes() + acc.tobytes() + s.tobytes(), capture_output=True, check=True, timeout=120).stdout
+    assert out == tq3_1.mad_tq3_1_ref(q, acc, s).tobytes()

@@ -10,6 +10,7 @@ cdef extern from "gqt_tq3_1.h" nogil:
     void gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k)
     int gqt_tq3_1_quantize_rows(const float * src, void * dst, int64_t nrows, int64_t n_per_row)
     void gqt_vec_dot_tq3_1_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc)
+    void gqt_mad_tq3_1(int64_t k, float * acc, const void * x, float s)
 
 OK = GQT_OK
 ERR_NONFINITE = GQT_ERR_NONFINITE
@@ -56,3 +57,15 @@ def vec_dot_rows(const uint8_t[:, ::1] x, const uint8_t[:, ::1] y, float[::1] ou
     with nogil:
         for r in range(nrows):
             gqt_vec_dot_tq3_1_q8_0(n, &out[r], 0, &x[r, 0], 0, &y[r, 0], 0, 1)
+
+
+def mad_rows(const uint8_t[:, ::1] x, float[:, ::1] acc, const float[::1] s):
+    """acc[r] += s[r] * row r of x (TQ3_1), by gqt_mad_tq3_1 (flash attention's fused V accumulation)."""
+    cdef int64_t r, nrows = acc.shape[0], n = acc.shape[1]
+    if x.shape[0] != nrows or s.shape[0] != nrows or x.shape[1] != n // 32 * GQT_TQ3_1_BYTES:
+        raise ValueError("x, acc and s do not match")
+    if nrows == 0 or n == 0:
+        return
+    with nogil:
+        for r in range(nrows):
+            gqt_mad_tq3_1(n, &acc[r, 0], &x[r, 0], s[r])

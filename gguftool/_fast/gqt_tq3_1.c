@@ -207,6 +207,19 @@ static GQT_AVX2_FN void dequantize_row_avx2(const gqt_block_tq3_1 * in, float * 
     }
 }
 
+static GQT_AVX2_FN void mad_row_avx2(const gqt_block_tq3_1 * in, float * acc, float s, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, acc += QK) {
+        const __m256 m = _mm256_set1_ps(s * gqt_fp16_to_fp32(in[b].d));
+        const __m256i l = levels_avx2(&in[b]);
+        const __m128i l0 = _mm256_castsi256_si128(l), l1 = _mm256_extracti128_si256(l, 1);
+        const __m128i part[4] = {l0, _mm_srli_si128(l0, 8), l1, _mm_srli_si128(l1, 8)};
+        for (int g = 0; g < 4; ++g) {
+            const __m256 v = _mm256_mul_ps(m, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[g])));
+            _mm256_storeu_ps(acc + 8 * g, _mm256_add_ps(_mm256_loadu_ps(acc + 8 * g), v));
+        }
+    }
+}
+
 static GQT_AVX2_FN void vec_dot_avx2(int n, float * s, const void * vx, const void * vy) {
     VEC_DOT(block_dot_avx2);
 }
@@ -253,11 +266,31 @@ static inline void dequantize_block_neon(const gqt_block_tq3_1 * b, float d, flo
         vst1q_f32(y + 16 * i + 12, vmulq_f32(m, vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)))));
     }
 }
+static inline void mad_block_neon(const gqt_block_tq3_1 * b, float m, float * acc) {
+    int8x16_t l[2];
+    levels_neon(b, &l[0], &l[1]);
+    const float32x4_t mv = vdupq_n_f32(m);
+    for (int i = 0; i < 2; ++i) {
+        const int16x8_t lo = vmovl_s8(vget_low_s8(l[i])), hi = vmovl_s8(vget_high_s8(l[i]));
+        const int16x4_t part[4] = {vget_low_s16(lo), vget_high_s16(lo), vget_low_s16(hi), vget_high_s16(hi)};
+        for (int g = 0; g < 4; ++g) {
+            float * a = acc + 16 * i + 4 * g;
+            vst1q_f32(a, vaddq_f32(vld1q_f32(a), vmulq_f32(mv, vcvtq_f32_s32(vmovl_s16(part[g])))));
+        }
+    }
+}
 #define block_dot block_dot_neon
 #define dequantize_block dequantize_block_neon
+#define mad_block mad_block_neon
 #else
+static inline void mad_block_scalar(const gqt_block_tq3_1 * b, float m, float * acc) {
+    uint8_t idx[QK];
+    unpack_indices(b, idx);
+    for (int j = 0; j < QK; ++j) acc[j] = acc[j] + m * (float) gqt_tq3_1_levels[idx[j]];
+}
 #define block_dot block_dot_scalar
 #define dequantize_block dequantize_block_scalar
+#define mad_block mad_block_scalar
 #endif
 
 void gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k) {
@@ -270,6 +303,14 @@ void gqt_dequantize_row_tq3_1(const void * x, float * y, int64_t k) {
         if (d == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
         dequantize_block(&in[b], d, y);
     }
+}
+
+void gqt_mad_tq3_1(int64_t k, float * acc, const void * x, float s) {
+    const gqt_block_tq3_1 * in = (const gqt_block_tq3_1 *) x;
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { mad_row_avx2(in, acc, s, k / QK); return; }
+#endif
+    for (int64_t b = 0; b < k / QK; ++b, acc += QK) mad_block(&in[b], s * gqt_fp16_to_fp32(in[b].d), acc);
 }
 
 void gqt_vec_dot_tq3_1_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {

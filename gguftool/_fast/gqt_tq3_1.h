@@ -48,6 +48,11 @@ size_t gqt_quantize_tq3_1(const float * src, void * dst, int64_t nrows, int64_t 
 void   gqt_vec_dot_tq3_1_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void   gqt_vec_dot_tq3_1_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 
+/* acc[j] = acc[j] + (s * d) * L[idx_j] over a TQ3_1 row of k values: flash attention's V accumulation
+ * straight from the blocks (no float row in between). Products and sums in that order, in float32, no
+ * FMA: every path gives the numpy twin's bits (quant/tq3_1.py mad_tq3_1_ref). */
+void   gqt_mad_tq3_1(int64_t k, float * acc, const void * x, float s);
+
 /* Checked entry point for gguftool: GQT_ERR_SHAPE if n_per_row % 32, GQT_ERR_NONFINITE if any
  * input is NaN/Inf (then nothing is written), GQT_ERR_RANGE if a block's scale is beyond fp16 (each
  * such block is written with a NaN scale, the others as usual), else GQT_OK. */

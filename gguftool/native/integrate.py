@@ -184,6 +184,25 @@ def edits() -> list[Edit]:
         # every op switch that lists Q4_1 handles quantized types generically (to_float /
         # from_float) or aborts for all of them: add, add1, acc, out_prod, set, get_rows, clamp
         Edit("ggml/src/ggml-cpu/ops.cpp", "        case GGML_TYPE_Q4_1:\n", _case_lines(), count=7),
+        # decode (one query row): upstream splits the keys over the threads only for an f16/f32 cache and
+        # otherwise gives each thread whole heads (9 heads on 2 threads: one thread does 5); the split
+        # path's chunk code is type-generic (vec_dot for K, to_float for V), so quantized caches take it too
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && kv_is_f32_or_f16 && (k->type == v->type) && q->type == GGML_TYPE_F32 && nek1 >= 512;\n",
+             "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && q->type == GGML_TYPE_F32 && nek1 >= 512; // gguftool: any cache type\n",
+             where="replace"),
+        # flash attention reads a TQ3_1 V row by accumulating its blocks straight into the output
+        # (gqt_mad_tq3_1), where upstream converts every row to floats first and then adds them
+        Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n', '#include "gqt_tq3_1.h" // gguftool\n'),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "    ggml_to_float_t   const v_to_float     = ggml_get_type_traits(v->type)->to_float;\n",
+             "    const bool v_fused = v->type == GGML_TYPE_TQ3_1 && !params->use_ref; // gguftool: gqt_mad_tq3_1\n"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "                if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
+             "                if (v_fused) { // gguftool\n"
+             "                    gqt_mad_tq3_1(DV, VKQ32, v_data, vs);\n"
+             "                } else if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
+             where="replace"),
         # --cache-type-k/-v: upstream's list, then ours
         Edit("common/arg.cpp", "    GGML_TYPE_Q5_1,\n};\n",
              "    GGML_TYPE_Q5_1,\n"

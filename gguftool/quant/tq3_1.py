@@ -67,6 +67,14 @@ def vec_dot_tq3_1_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return c_vec_dot_q8_0(_tq3_1, x, y, "TQ3_1", BLOCK_BYTES)
 
 
+def mad_tq3_1(x: np.ndarray, acc: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """acc + s[r] * row r of x, by gqt_mad_tq3_1 (flash attention's fused V accumulation); returns a new array."""
+    x = _blocks_u8(x)
+    out = np.array(acc, dtype=np.float32, order="C", copy=True).reshape(len(x), -1)
+    _tq3_1.mad_rows(np.ascontiguousarray(x), out, np.ascontiguousarray(s, dtype=np.float32).reshape(-1))
+    return out
+
+
 # ---------------------------------------------------------------- numpy twins
 def _pick(x: np.ndarray, d: np.ndarray) -> np.ndarray:
     q = np.zeros(x.shape, dtype=np.uint8)
@@ -173,6 +181,16 @@ def vec_dot_tq3_1_q8_0_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         isum = (LEVELS[idx].astype(np.int32) * y[:, b, 2:].view(np.int8).astype(np.int32)).sum(axis=1)
         sumf = np.where(dx == 0, sumf, sumf + (dx * dy) * isum.astype(np.float32))
     return sumf
+
+
+def mad_tq3_1_ref(x: np.ndarray, acc: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """numpy twin of gqt_mad_tq3_1: acc + (s * d) * L[idx] in float32, in that order: identical values."""
+    x = _blocks_u8(x)
+    d, idx = _unpack(x.reshape(-1, BLOCK_BYTES))
+    m = (np.asarray(s, np.float32).reshape(-1, 1) * d.reshape(len(x), -1)).reshape(-1, 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (m * _L32[idx]).reshape(len(x), -1)
+    return np.asarray(acc, np.float32).reshape(len(x), -1) + v
 
 
 def _quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:

@@ -17,6 +17,11 @@
  *       thread CPU time of the registered vec_dot over a ROWS x N matrix (one activation row,
  *       as in token generation), ns per row; CPU time, so other load on the machine does not
  *       count (cache effects still do)
+ *   gguftool-check fa KTYPE VTYPE D N_KV N_HEAD N_HEAD_KV THREADS REPS
+ *       one decode step of flash attention (one query per head, N_KV cached keys and values of
+ *       KTYPE / VTYPE, random N(0,1) data): the build's kernels against ggml's reference path
+ *       (use_ref: per-head rows, to_float + mad) and against attention in double on the decoded
+ *       cache; prints the largest relative errors and the wall ns per call of both paths
  */
 #define _POSIX_C_SOURCE 199309L
 #include "ggml.h"
@@ -25,10 +30,21 @@
 #include "gqt_tq3.h"
 #include "gqt_tq3_1.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static float normal(void) {   /* N(0, 1): Box-Muller over a 64-bit LCG, fixed seed */
+    static uint64_t st = 0x9E3779B97F4A7C15ull;
+    double u[2];
+    for (int i = 0; i < 2; ++i) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        u[i] = ((double) (st >> 11) + 0.5) / 9007199254740992.0;
+    }
+    return (float) (sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]));
+}
 
 static enum ggml_type type_by_name(const char * name) {
     for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
@@ -206,6 +222,99 @@ static int cmd_speed(long long n, long long rows, long long reps, int ntypes, ch
     return 0;
 }
 
+static double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+static void decode_rows(enum ggml_type t, const void * q, float * out, long long nrows, long long n) {
+    for (long long r = 0; r < nrows; ++r) {
+        const char * row = (const char *) q + (size_t) r * ggml_row_size(t, n);
+        if (t == GGML_TYPE_F16) ggml_fp16_to_fp32_row((const ggml_fp16_t *) row, out + r * n, n);
+        else ggml_get_type_traits(t)->to_float(row, out + r * n, n);
+    }
+}
+
+static double max_rel(const float * a, const float * b, long long n) {   /* max |a - b| / max |b| */
+    double m = 0.0, e = 0.0;
+    for (long long i = 0; i < n; ++i) {
+        const double d = fabs((double) a[i] - (double) b[i]);
+        if (d > e || d != d) e = d != d ? INFINITY : d;
+        if (fabs((double) b[i]) > m) m = fabs((double) b[i]);
+    }
+    return m > 0.0 ? e / m : e;
+}
+
+static int cmd_fa(const char * kname, const char * vname, long long D, long long nkv, long long nh, long long nhkv,
+                  int threads, int reps) {
+    const enum ggml_type kt = type_by_name(kname), vt = type_by_name(vname);
+    if (D <= 0 || nkv <= 0 || nh <= 0 || nhkv <= 0 || nh % nhkv || D % ggml_blck_size(kt) || D % ggml_blck_size(vt)
+        || threads <= 0 || reps <= 0) {
+        fprintf(stderr, "gguftool-check: bad fa shape\n");
+        return 2;
+    }
+    struct ggml_init_params ip = { (size_t) (2 * nkv * nhkv * D * 4 + nh * D * 8) + (64u << 20), NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, 1, nh, 1);
+    struct ggml_tensor * k = ggml_new_tensor_4d(ctx, kt, D, nkv, nhkv, 1);
+    struct ggml_tensor * v = ggml_new_tensor_4d(ctx, vt, D, nkv, nhkv, 1);
+    const long long nrows = nkv * nhkv;
+    float * kf = malloc(sizeof(float) * (size_t) (nrows * D)), * vf = malloc(sizeof(float) * (size_t) (nrows * D));
+    for (long long i = 0; i < nh * D; ++i) ((float *) q->data)[i] = normal();
+    for (long long i = 0; i < nrows * D; ++i) { kf[i] = normal(); vf[i] = normal(); }
+    ggml_quantize_chunk(kt, kf, k->data, 0, nrows, D, NULL);
+    ggml_quantize_chunk(vt, vf, v->data, 0, nrows, D, NULL);
+    decode_rows(kt, k->data, kf, nrows, D);   /* the cache as stored, for the double reference */
+    decode_rows(vt, v->data, vf, nrows, D);
+    const float scale = 1.0f / sqrtf((float) D);
+    struct ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, NULL, scale, 0.0f, 0.0f);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    const long long nout = nh * D;
+    float * res[2];
+    double ns[2];
+    for (int ref = 0; ref < 2; ++ref) {
+        struct ggml_cplan plan = ggml_graph_plan(gf, threads, NULL);
+        plan.work_data = malloc(plan.work_size + 64);
+        plan.use_ref = ref;
+        double best = 1e30;
+        for (int r = 0; r < reps; ++r) {
+            const double t0 = wall_seconds();
+            if (ggml_graph_compute(gf, &plan) != GGML_STATUS_SUCCESS) { fprintf(stderr, "compute failed\n"); return 2; }
+            const double dt = wall_seconds() - t0;
+            if (dt < best) best = dt;
+        }
+        ns[ref] = 1e9 * best;
+        res[ref] = malloc(sizeof(float) * (size_t) nout);
+        memcpy(res[ref], out->data, sizeof(float) * (size_t) nout);
+        free(plan.work_data);
+    }
+    float * exact = malloc(sizeof(float) * (size_t) nout);
+    double * w = malloc(sizeof(double) * (size_t) nkv);
+    for (long long h = 0; h < nh; ++h) {
+        const long long hk = h / (nh / nhkv);
+        const float * qh = (const float *) q->data + h * D;
+        double mx = -INFINITY, sum = 0.0;
+        for (long long j = 0; j < nkv; ++j) {
+            double s = 0.0;
+            for (long long d = 0; d < D; ++d) s += (double) qh[d] * kf[(hk * nkv + j) * D + d];
+            w[j] = s * scale;
+            if (w[j] > mx) mx = w[j];
+        }
+        for (long long j = 0; j < nkv; ++j) { w[j] = exp(w[j] - mx); sum += w[j]; }
+        for (long long d = 0; d < D; ++d) {
+            double acc = 0.0;
+            for (long long j = 0; j < nkv; ++j) acc += w[j] * vf[(hk * nkv + j) * D + d];
+            exact[h * D + d] = (float) (acc / sum);
+        }
+    }
+    printf("fast_vs_ref=%.3g fast_vs_exact=%.3g ref_vs_exact=%.3g ns_fast=%.0f ns_ref=%.0f\n",
+           max_rel(res[0], res[1], nout), max_rel(res[0], exact, nout), max_rel(res[1], exact, nout), ns[0], ns[1]);
+    ggml_free(ctx);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     ggml_cpu_init();
     if (argc == 2 && strcmp(argv[1], "types") == 0) return cmd_types();
@@ -213,6 +322,8 @@ int main(int argc, char ** argv) {
     if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], NULL, NULL);
     if (argc == 8 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6], argv[7]);
     if (argc == 4 && strcmp(argv[1], "validate") == 0) return cmd_validate(argv[2], argv[3]);
+    if (argc == 10 && strcmp(argv[1], "fa") == 0)
+        return cmd_fa(argv[2], argv[3], atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]), atoi(argv[8]), atoi(argv[9]));
     if (argc >= 6 && strcmp(argv[1], "speed") == 0) return cmd_speed(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), argc - 5, argv + 5);
     fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
                     "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q | speed N ROWS REPS TYPE...\n");
