@@ -15,7 +15,7 @@ Fault injection for tests: `drop_after[path] = n` cuts the connection after n by
 full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree lists them;
 `cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
 and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
-every request for a file.
+every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer.
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ class FakeHub:
         self.cut_every: dict[str, int] = {}
         self.status_all: int | None = None
         self.status_files: int | None = None
+        self.info_body: bytes | None = None
         self.hidden: set[str] = set()
         self._lock = threading.Lock()
         hub = self
@@ -156,7 +157,8 @@ class FakeHub:
             if repo and (sha := self._commit(h, repo, m.group(2) or "main", head)):
                 info = {"id": m.group(1), "sha": sha, "private": repo.private_token is not None,
                         "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
-                self._send(h, 200, json.dumps(info).encode(), {"Content-Type": "application/json"}, head)
+                body = self.info_body if self.info_body is not None else json.dumps(info).encode()
+                self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)
         if m:

@@ -264,3 +264,34 @@ def test_the_overall_retry_budget(monkeypatch):
     assert b.n_retries == 13
     with pytest.raises(hubio._GaveUp):   # and everything after it is refused too
         b.on_request(SimpleNamespace(method="GET", url="http://h/other"))
+
+
+# -- hostile hub answers (issue #14, no traceback) -----------------------------------------------------
+_SHA = "a" * 40
+HUB_ANSWERS = {   # id: (the repository info's body, what the error says)
+    "not-json": (b"<html>hi</html>", "is not a hub's answer (JSONDecodeError"),
+    "a-list": (b"[1]", "is not a hub's answer (TypeError"),
+    "not-utf8": (b"\xff\xfe{", "is not a hub's answer (UnicodeDecodeError"),
+    "nested-100k-deep": (b"[" * 100000 + b"]" * 100000, "is not a hub's answer (RecursionError"),
+    "siblings-a-string": ({"id": REPO, "sha": _SHA, "siblings": "x"}, "is not a hub's answer"),
+    "siblings-ints": ({"id": REPO, "sha": _SHA, "siblings": [1, 2]}, "is not a hub's answer"),
+    "sibling-without-name": ({"id": REPO, "sha": _SHA, "siblings": [{"x": 1}]}, "is not a hub's answer (KeyError"),
+    "file-name-an-int": ({"id": REPO, "sha": _SHA, "siblings": [{"rfilename": 5}]}, "lists the file 5, which is not"),
+    "file-name-dot-dot": ({"id": REPO, "sha": _SHA, "siblings": [{"rfilename": "../../x-Q8_0.gguf"}]},
+                          "lists the file '../../x-Q8_0.gguf', which is not a relative path inside the repository"),
+    "file-name-absolute": ({"id": REPO, "sha": _SHA, "siblings": [{"rfilename": "/etc/config.json"}]},
+                           "lists the file '/etc/config.json'"),
+    "no-commit": ({"id": REPO, "siblings": []}, "None is not a commit id"),
+}
+
+
+@pytest.mark.parametrize("case", HUB_ANSWERS)
+def test_a_hostile_hub_answer_is_one_clear_error(hub, checkpoint_files, tmp_path, capsys, case):
+    import json
+    body, wanted = HUB_ANSWERS[case]
+    hub.add(REPO, checkpoint_files)
+    hub.info_body = body if isinstance(body, bytes) else json.dumps(body).encode()
+    assert _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60") == 1
+    err = capsys.readouterr().err
+    assert f"error: {hub.url}: " in err and wanted in err and "unexpected" not in err, err
+    assert not (tmp_path / "o.gguf").exists()

@@ -295,16 +295,28 @@ def _fetch(repo_id: str, revision: str | None = None, *, gguf_pattern: str | Non
             files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
             commit = folder.name
         else:
-            info = HfApi(endpoint=ep, token=tok).model_info(repo_id, revision=rev)
+            with _answers(ep, f"the repository info of {repo_id}@{rev}"):
+                info = HfApi(endpoint=ep, token=tok).model_info(repo_id, revision=rev)
+                siblings = info.siblings or []
+                files = [s.rfilename for s in siblings] if isinstance(siblings, list) else None
             commit = confine.commit(info.sha, f"{ep}: the commit of {repo_id}@{rev}")
-            files = [s.rfilename for s in (info.siblings or [])]
+            for f in files if files is not None else [siblings]:   # names that become paths in the cache
+                try:
+                    if files is None or not isinstance(f, str):
+                        raise GgufToolError("")
+                    confine.inside(Path("repo"), f, "")
+                except GgufToolError:
+                    raise GgufToolError(f"{ep}: the repository info of {repo_id}@{rev} lists the file {f!r}, which is "
+                                        "not a relative path inside the repository",
+                                        hint="is HF_ENDPOINT a Hugging Face hub?") from None
         kind = _kind(files, repo_id)
         chosen = choose_gguf(files, gguf_pattern, repo_id) if kind == "gguf" else None
         patterns = gguf_files(files, chosen, repo_id) if chosen else CHECKPOINT_PATTERNS
         if not offline:
             # pinned to the commit just resolved: a branch moving meanwhile cannot mix two versions
-            folder = Path(snapshot_download(repo_id, revision=commit, cache_dir=cache, allow_patterns=patterns,
-                                            token=tok, endpoint=ep))
+            with _answers(ep, f"the files of {repo_id}@{commit}"):
+                folder = Path(snapshot_download(repo_id, revision=commit, cache_dir=cache, allow_patterns=patterns,
+                                                token=tok, endpoint=ep))
             # remember the branch/tag -> commit too, so offline runs can find it by name
             if rev != commit:
                 ref = cache / f"models--{repo_id.replace('/', '--')}" / "refs" / rev
@@ -328,6 +340,19 @@ def local_snapshot(repo_id: str, rev: str, cache: Path) -> Path:
         raise GgufToolError(f"{repo_id}@{rev} is not in the local cache ({cache}) and offline mode is on",
                             hint="run once online (unset HF_HUB_OFFLINE) to fill the cache")
     return folder
+
+
+@contextlib.contextmanager
+def _answers(ep: str, what: str) -> Iterator[None]:
+    """Around a huggingface_hub call that parses the server's answers: an answer that is not what a hub sends
+    (not JSON, nested without end, the wrong shapes) is an error naming the server, not a traceback."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as e:
+        if isinstance(e, GgufToolError) or type(e).__module__.startswith("huggingface_hub"):
+            raise   # a GgufToolError, or one of huggingface_hub's own errors (_errors names those)
+        raise GgufToolError(f"{ep}: {what} is not a hub's answer ({type(e).__name__}: {str(e)[:200]})",
+                            hint="is HF_ENDPOINT a Hugging Face hub (or a mirror of one)?") from None
 
 
 @contextlib.contextmanager
