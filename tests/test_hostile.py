@@ -1068,3 +1068,157 @@ def test_claimed_counts_and_sizes_fail_fast_with_bounded_memory(tmp_path, rng):
         assert rc == 1 and f"error: {where}" in err and msg in err, (case, rc, err)
         assert "unexpected" not in err and "MemoryError" not in err, (case, err)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+# ============================================================================ adb output
+# What adb prints is input too: garbage rows, bytes that are not UTF-8, endless output, an exit status file that
+# holds no number, a pull that leaves nothing, an adb that cannot run. Each is a clean error (or ignored where it
+# is noise) with bounded memory, never the last resort.
+
+def _fake_adb(tmp_path: Path, body: str) -> Path:
+    """An adb that runs `body` (bash; "$1" is the command: devices, shell, push, pull, get-state)."""
+    p = tmp_path / "adb"
+    p.write_text("#!/bin/bash\nif [ \"$1\" = -s ]; then shift 2; fi\n" + body + "\n")
+    p.chmod(0o755)
+    return p
+
+
+_GOOD_DEVICE = 'case "$1" in devices) printf "List of devices attached\\nR58M\\tdevice\\n\\n";; *) exit 0;; esac'
+
+
+def _adb_runner(tmp_path: Path, body: str, serial: str | None = None):
+    from gguftool.validate.runners import AdbRunner
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    return AdbRunner(tmp_path / "bin", tmp_path / "work", serial=serial, adb=str(_fake_adb(tmp_path, body)))
+
+
+def test_adb_devices_garbage_rows_are_ignored(tmp_path):
+    r = _adb_runner(tmp_path, 'case "$1" in devices) printf "List of devices attached\\ngarbage\\n\\xff\\xfe\\x00 \\x80\\n'
+                              '* daemon started successfully\\nR58M\\tdevice\\tusb:1-1\\n\\n";; *) exit 0;; esac')
+    assert r.check_device() == "R58M"
+
+
+@pytest.mark.parametrize("devices", ["garbage only\\n", "\\xff\\xfe\\n\\x80\\x81 \\xc3\\n", ""])
+def test_adb_devices_without_a_device_row_is_no_device(tmp_path, devices):
+    r = _adb_runner(tmp_path, f'case "$1" in devices) printf "List of devices attached\\n{devices}";; *) exit 0;; esac')
+    with pytest.raises(GgufToolError, match="no Android device found by adb"):
+        r.check_device()
+
+
+def test_adb_non_utf8_error_output_is_a_clean_error(tmp_path):
+    r = _adb_runner(tmp_path, 'printf "adb: \\xff\\xfe failed \\x80\\n" >&2; exit 1')
+    with pytest.raises(GgufToolError, match=r"adb shell mkdir -p /x failed \(exit 1\): adb: \ufffd\ufffd failed"):
+        r._adb("shell", "mkdir -p /x")
+
+
+def test_adb_endless_output_keeps_memory_bounded(tmp_path):
+    """`adb devices` printing 1.5 GiB: read in a process limited to 1 GiB of address space beyond what it uses."""
+    script = _fake_adb(tmp_path, 'case "$1" in devices) printf "List of devices attached\\nR58M\\tdevice\\n"; '
+                                 'head -c 1610612736 /dev/zero | tr "\\0" "x";; *) exit 0;; esac')
+    code = f"""
+import resource
+from pathlib import Path
+from gguftool.validate.runners import AdbRunner
+r = AdbRunner(Path({str(tmp_path)!r}), Path({str(tmp_path / 'w')!r}), adb={str(script)!r})
+soft = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_AS, (min(soft + 2**30, hard) if hard > 0 else soft + 2**30, hard))
+res = r._adb("devices")
+print(len(res.stdout), res.stdout[:40].replace(chr(10), "|"))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1], env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    n, head = p.stdout.split(" ", 1)
+    assert int(n) <= 2**21 and head.startswith("List of devices attached|R58M")
+
+
+def _adb_run_device(rc_text: str | None, out_bytes: int = 2) -> str:
+    """A device whose run writes nothing itself: `pull` makes the .out/.err/.rc files (rc_text None: no .rc file)."""
+    rc = "" if rc_text is None else f'*.rc) printf "{rc_text}" > "$3";; '
+    return ('case "$1" in devices) printf "List of devices attached\\nR58M\\tdevice\\n";; '
+            f'pull) case "$2" in {rc}*.out) head -c {out_bytes} /dev/zero | tr "\\0" "o" > "$3";; '
+            '*.err) printf "err\\n" > "$3";; esac;; *) exit 0;; esac')
+
+
+@pytest.mark.parametrize("rc_text, wanted", [("garbage\\xff", "exit status 'garbage\ufffd'"), ("", "exit status ''"),
+                                             ("99999999999999999999", "exit status '99999999999999999999'"),
+                                             (None, "did not bring back")])
+def test_adb_run_with_a_bad_exit_status_file_is_a_clean_error(tmp_path, rc_text, wanted):
+    r = _adb_runner(tmp_path, _adb_run_device(rc_text))
+    r.check_device()
+    with pytest.raises(GgufToolError, match=wanted):
+        r.run("llama-bench", ["-m", "x.gguf"])
+
+
+def test_adb_run_keeps_a_bounded_tail_of_a_huge_log(tmp_path):
+    from gguftool.validate import runners
+    r = _adb_runner(tmp_path, _adb_run_device("0", out_bytes=runners.LOG_LIMIT * 3))
+    r.check_device()
+    res = r.run("llama-bench", [])
+    assert res.rc == 0 and len(res.stdout) <= runners.LOG_LIMIT + 200 and res.stdout.endswith("ooo")
+    assert "bytes before this were left out" in res.stdout
+
+
+@pytest.mark.parametrize("how", ["not-executable", "not-a-program"])
+def test_an_adb_that_cannot_run_is_a_clean_error(tmp_path, how):
+    from gguftool.validate.runners import AdbRunner
+    adb = tmp_path / "adb"
+    adb.write_bytes(b"\x7fELF\x02\x01\x01 not really" if how == "not-a-program" else b"#!/bin/sh\n")
+    adb.chmod(0o644 if how == "not-executable" else 0o755)
+    (tmp_path / "bin").mkdir()
+    r = AdbRunner(tmp_path / "bin", tmp_path / "w", adb=str(adb))
+    with pytest.raises(GgufToolError, match=f"cannot run {adb}"):
+        r.check_device()
+
+
+# ============================================================================ values beyond fp16: stock types without ggml
+STOCK_BEYOND = {"Q4_0": 1e8, "Q4_1": -1e5, "Q5_0": 1e8, "Q5_1": -1e5, "Q8_0": 1e8, "F16": 1e5}
+
+
+@pytest.mark.parametrize("name", STOCK_BEYOND)
+def test_stock_types_without_the_native_build_refuse_rows_beyond_fp16(rng, monkeypatch, name):
+    """gguf.quants' numpy path (no native build) refuses what the ggml path refuses (ggml_validate_row_data):
+    the same error, naming the row and columns, instead of writing inf scales."""
+    from gguftool.quant import codec, standard
+    x = (rng.standard_normal((9, 256)) * 0.02).astype(np.float32)
+    x[6, 128:160] = STOCK_BEYOND[name] * (1 + rng.random(32))
+    x[8, :32] = STOCK_BEYOND[name]
+    block = 1 if name == "F16" else 32
+    errors, have_ggml = {}, standard._ggml_available()
+    for ggml in (False, True):
+        if ggml and not have_ggml:
+            continue
+        monkeypatch.setattr(standard, "_ggml_available", lambda g=ggml: g)
+        with pytest.raises(GgufToolError) as e:
+            codec(name).quantize(x)
+        errors[ggml] = e.value.message
+        assert f"cannot quantize to {name}: row 6, columns 128..{128 + block - 1} " in e.value.message, e.value.message
+    if name != "F16" and len(errors) == 2:
+        assert errors[False] == errors[True]
+
+
+@pytest.mark.parametrize("name", STOCK_BEYOND)
+def test_stock_types_without_the_native_build_keep_large_values_within_fp16(rng, monkeypatch, name):
+    from gguftool.quant import codec, standard
+    monkeypatch.setattr(standard, "_ggml_available", lambda: False)
+    x = (rng.standard_normal((4, 256)) * (1e4 if name == "F16" else 1e3)).astype(np.float32)
+    q = codec(name).quantize(x)
+    y = codec(name).dequantize(q).reshape(x.shape)
+    assert np.all(np.isfinite(y))
+    assert np.sqrt(np.mean((y - x) ** 2) / np.mean(x ** 2)) < 0.25
+
+
+def test_quantize_without_the_native_build_names_the_tensor_and_row(tmp_path, rng, capsys, monkeypatch):
+    from gguftool.quant import standard
+    monkeypatch.setattr(standard, "_ggml_available", lambda: False)
+    src = _wide_model(tmp_path / "m.gguf", rng, bad_row=45)   # 3e5 at row 45: beyond Q4_0's d (max/-8 fits: 3.75e4)
+    x = GGUFFile(src).tensor("blk.0.ffn_up.weight").data.copy()
+    x[45, 32:64] = 1e8
+    from .conftest import write_gguf
+    write_gguf(src, {"blk.0.ffn_up.weight": (x, None), "blk.0.attn_norm.weight": (np.ones(256, np.float32), None)})
+    out = tmp_path / "o.gguf"
+    assert main(["quantize", str(src), str(out), "Q8_0", "--pure", "-t", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "tensor 'blk.0.ffn_up.weight': cannot quantize to Q8_0: row 45, columns 32..63" in err, err
+    assert not out.exists() and _temporaries(tmp_path) == []

@@ -73,9 +73,36 @@ def _quantizer(t: GGMLQuantizationType):
             raise GgufToolError(f"unknown solver {solver!r}", hint="choose 'ref' (llama.cpp's reference) or 'hqq'")
         if params:
             raise GgufToolError(f"{t.name} with the reference solver takes no parameters (got {sorted(params)})")
-        out = map_rows(lambda rows: quants.quantize(rows, t), x, threads)
+        out = map_rows(lambda rows: _quiet_quantize(rows, t), x, threads)
+        _refuse_beyond_fp16(t, x, out)
         return out.view(np.uint8).reshape(x.shape[0], -1)
     return quantize
+
+
+# numpy's twin of ggml_validate_row_data for what gguf.quants writes: the fp16 fields of each block (d; Q4_1 and
+# Q5_1: d and m at bytes 0..3), every value of F16; beyond fp16 they turn to inf, which llama-quantize refuses.
+_FP16_FIELDS = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2, "Q5_1": 2}
+
+
+def _quiet_quantize(rows: np.ndarray, t: GGMLQuantizationType) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):   # overflows are refused below, not warned about
+        return quants.quantize(rows, t)
+
+
+def _refuse_beyond_fp16(t: GGMLQuantizationType, x: np.ndarray, out: np.ndarray) -> None:
+    if t.name == "F16":
+        fields = np.asarray(out).view(np.uint16).reshape(-1, 1)
+        block = 1
+    elif t.name in _FP16_FIELDS:
+        tt = types.stock(t.name)
+        fields = np.asarray(out).view(np.uint8).reshape(-1, tt.type_size)[:, :2 * _FP16_FIELDS[t.name]].copy().view("<u2")
+        block = tt.block_size
+    else:
+        return
+    exp_ones = (fields & 0x7FFF) >= 0x7C00 if block > 1 else (fields & 0x7FFF) == 0x7C00   # F16: inf (NaN was NaN)
+    bad = exp_ones.any(axis=1)
+    if bad.any():
+        raise range_error(t.name, np.asarray(x).reshape(x.shape[0], -1), int(np.argmax(bad)), block)
 
 
 def _f16_to_f32(h: np.ndarray) -> np.ndarray:

@@ -184,6 +184,32 @@ def find_qemu() -> str:
 # ---------------------------------------------------------------------------------------------- adb
 
 ADB_NO_DEVICE = ("no devices/emulators found", "no devices found")
+# the states `adb devices` prints (adb's transport.cpp: to_string(ConnectionState)); "no permissions" is two words
+ADB_STATES = ("device", "offline", "unauthorized", "bootloader", "recovery", "rescue", "sideload", "host",
+              "authorizing", "connecting", "detached", "unknown", "no")
+ADB_OUTPUT_LIMIT = 1 << 20   # bytes kept of each adb output stream
+LOG_LIMIT = 16 << 20         # bytes kept (the end) of each log a run on the device brings back
+
+
+def _drain(stream, kept: dict[int, bytes], i: int) -> None:
+    """Read a pipe to its end, keeping its first ADB_OUTPUT_LIMIT bytes."""
+    head = bytearray()
+    for chunk in iter(lambda: stream.read(1 << 16), b""):
+        if len(head) < ADB_OUTPUT_LIMIT:
+            head += chunk[:ADB_OUTPUT_LIMIT - len(head)]
+    stream.close()
+    kept[i] = bytes(head)
+
+
+def read_log_tail(path: Path, limit: int = LOG_LIMIT) -> str:
+    """A log file's text, its last `limit` bytes only (a note says how much was left out)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size > limit:
+            f.seek(size - limit)
+        data = f.read(limit)
+    text = data.decode("utf-8", errors="replace")
+    return f"[{size - limit} bytes before this were left out]\n{text}" if size > limit else text
 
 
 class AdbRunner(Runner):
@@ -213,13 +239,32 @@ class AdbRunner(Runner):
 
     # -- adb plumbing
     def _adb(self, *args: str, timeout: float | None = 600, check: bool = True) -> subprocess.CompletedProcess:
+        """Run adb; its output is text (bytes that are not UTF-8 replaced) and at most ADB_OUTPUT_LIMIT bytes of
+        each stream are kept (the rest is read and dropped: an adb that prints without end cannot fill memory)."""
         cmd = [self.adb] + (["-s", self.serial] if self.serial else []) + list(args)
         env = dict(os.environ, MSYS_NO_PATHCONV="1")
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+        except OSError as e:
+            raise GgufToolError(f"cannot run {self.adb}: {e.strerror}",
+                                "point ADB (or PATH) at Android platform-tools' adb") from None
+        kept: dict[int, bytes] = {}
+        readers = [threading.Thread(target=_drain, args=(f, kept, i), daemon=True)
+                   for i, f in enumerate((p.stdout, p.stderr))]
+        for t in readers:
+            t.start()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
             raise GgufToolError(f"adb {' '.join(args[:2])} did not finish within {timeout:.0f} s",
-                                "is the device still connected? (`adb devices`)") from e
+                                "is the device still connected? (`adb devices`)") from None
+        finally:
+            for t in readers:
+                t.join(10)
+        out, err = (kept.get(i, b"").decode("utf-8", errors="replace") for i in (0, 1))
+        r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
         if check and r.returncode != 0:
             self._raise(r, args)
         return r
@@ -246,7 +291,8 @@ class AdbRunner(Runner):
         """The serial of the one ready device, or a clear error for none / unauthorized / offline / several."""
         r = self._adb("devices", check=False) if not self.serial else None
         if r is not None:
-            rows = [l.split() for l in r.stdout.splitlines()[1:] if l.strip() and not l.startswith("*")]
+            # `serial<TAB>state [details]`; other lines (daemon notices, noise) are not devices
+            rows = [w for w in (l.split() for l in r.stdout.splitlines()[1:]) if len(w) >= 2 and w[1] in ADB_STATES]
             if not rows:
                 raise GgufToolError("no Android device found by adb (`adb devices` lists none)",
                                     "connect the phone by USB and enable USB debugging (Developer options)")
@@ -316,8 +362,17 @@ class AdbRunner(Runner):
         got = {}
         for ext in ("out", "err", "rc"):
             p = self.pull(self.path(f"{tag}.{ext}"), self.workdir / f"{tag}.{ext}")
-            got[ext] = p.read_text(errors="replace")
-        rc = int(got["rc"].strip() or 1)
+            if not p.is_file():
+                raise GgufToolError(f"adb pull of {self.path(f'{tag}.{ext}')} did not bring back a file",
+                                    "is the device's storage full or the work folder gone? (`adb shell ls "
+                                    f"{self.remote_dir}`)")
+            got[ext] = read_log_tail(p) if ext != "rc" else read_log_tail(p, 64)
+        status = got["rc"].strip()
+        if not re.fullmatch(r"\d{1,3}", status):   # `echo $?` writes 0..255
+            raise GgufToolError(f"{tool} on the device: its exit status file {tag}.rc holds no exit status "
+                                f"{status[:40]!r}", "the device's shell did not run the command line; check "
+                                f"`adb shell 'cd {self.remote_dir} && ls'`")
+        rc = int(status)
         err = got["err"]
         rss = metrics.parse_peak_rss_kib(err) if self.has_time else None
         if self.has_time:
