@@ -1222,3 +1222,40 @@ def test_quantize_without_the_native_build_names_the_tensor_and_row(tmp_path, rn
     err = capsys.readouterr().err
     assert "tensor 'blk.0.ffn_up.weight': cannot quantize to Q8_0: row 45, columns 32..63" in err, err
     assert not out.exists() and _temporaries(tmp_path) == []
+
+
+# ============================================================================ other CLI inputs
+@pytest.mark.parametrize("argv, wanted", [
+    (["quantize", "{m}", "{o}", "Q8_0", "--split-max-size", "1e999G"], "cannot read size '1e999G'"),   # was exit 70
+    (["quantize", "{m}", "{o}", "Q8_0", "--split-max-size", "nan"], "cannot read size 'nan'"),
+    (["kv-plan", "{m}", "--memory", "infG"], "cannot read size 'infG'"),
+    (["kv-plan", "{m}", "--memory", "1e400GiB"], "cannot read size '1e400GiB'"),
+    (["kv-plan", "{m}", "--memory=-1G"], "cannot read size '-1G'"),
+    (["quantize", "{m}", "{o}", "Q8_0", "--imatrix", "/dev/zero"], "/dev/zero: not a regular file"),   # was a MemoryError
+    (["quantize", "{m}", "{o}", "--recipe", "{m}"], "{m}: not a recipe: not UTF-8 text"),   # was exit 70
+    (["quantize", "{m}", "{o}", "Q8_0", "--override-kv", "llama.block_count=str:abc"],
+     "--override-kv llama.block_count: is a string here, but gguftool and llama.cpp read an integer"),   # was written
+    (["quantize", "{m}", "{o}", "Q8_0", "--override-kv", "llama.block_count=int:100000"],
+     "--override-kv llama.block_count: = 100000: must be 1 to 512"),
+    (["quantize", "{m}", "{o}", "Q8_0", "--override-kv", "tokenizer.ggml.add_bos_token=int:1"],
+     "read true or false there"),
+    (["quantize", "{m}", "{o}", "Q8_0", "--override-kv", "general.architecture=int:3"], "read a string there"),
+])
+def test_other_cli_inputs_are_clean_errors(tmp_path, capsys, argv, wanted):
+    from gguf import GGUFValueType as T
+    m = _meta_model(tmp_path / "m.gguf", {"llama.attention.head_count_kv": (4, T.UINT32)})
+    o = tmp_path / "o.gguf"
+    argv = [a.format(m=m, o=o) for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert wanted.format(m=m) in err and "unexpected" not in err, err
+    assert not o.exists()
+
+
+def test_override_kv_of_keys_nobody_reads_or_of_the_right_type_pass(tmp_path):
+    m = _meta_model(tmp_path / "m.gguf", {})
+    o = tmp_path / "o.gguf"
+    assert main(["quantize", str(m), str(o), "Q8_0", "--pure", "--override-kv", "llama.block_count=int:1",
+                 "--override-kv", "my.own.key=str:x", "--override-kv", "general.name=str:renamed"]) == 0
+    f = GGUFFile(o)
+    assert (f.get("general.name"), f.get("my.own.key"), f.get("llama.block_count")) == ("renamed", "x", 1)

@@ -138,6 +138,15 @@ def parse_override_kv(spec: str) -> tuple[str, tuple[object, GGUFValueType]]:
     raise GgufToolError(f"--override-kv {spec!r}: TYPE must be int, float, bool (true/false) or str (up to 127 chars)")
 
 
+def check_overrides(overrides: dict[str, tuple[object, GGUFValueType]], arch: str) -> None:
+    """--override-kv of a key gguftool or llama.cpp reads must give it the type and range they read:
+    an output with `llama.block_count=str:x` is a file neither can load."""
+    from ..io.reader import value_problem
+    for key, (value, vtype) in overrides.items():
+        if (problem := value_problem(key, arch, vtype, value)) is not None:
+            raise GgufToolError(f"--override-kv {key}: {problem}")
+
+
 def side_inputs(args) -> list[Path]:
     """Files the run reads besides the model: never an output."""
     return [p for p in (args.imatrix, getattr(args, "tensor_type_file", None)) if p is not None]
@@ -233,6 +242,7 @@ def requantize(args, src_path: Path, out: Path, *, default_type: str | None = No
     if imatrix is not None and pruned is not None:   # made on the whole model: follow the renumbering
         imatrix = pruned.follow(imatrix)
     overrides = dict(parse_override_kv(o) for o in args.override_kv)
+    check_overrides(overrides, src.architecture)
     llama_file_type(opts, src, args.imatrix)
 
     def write(plan):
@@ -300,6 +310,7 @@ def convert(args, model_dir: Path, out: Path, *, record: dict | None = None, nam
     model = open_model(model_dir, tokenizer_pre=args.tokenizer_pre, name=name)
     imatrix = load_imatrix(args)
     overrides = dict(parse_override_kv(o) for o in args.override_kv)
+    check_overrides(overrides, model.architecture)
     llama_file_type(opts, model, args.imatrix)
 
     def write(plan):

@@ -37,12 +37,15 @@ class Imatrix:
 
 def load(path: str | Path) -> Imatrix:
     path = Path(path)
-    try:
-        head = path.open("rb").read(4)
-    except OSError as e:
-        raise GgufToolError(f"{path}: cannot read the importance matrix: {e.strerror}") from None
     if path.is_dir():
         raise GgufToolError(f"{path} is a directory, not an importance matrix file")
+    if path.exists() and not path.is_file():   # a FIFO or a device such as /dev/zero: it would never end
+        raise GgufToolError(f"{path}: not a regular file, so not an importance matrix file")
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise GgufToolError(f"{path}: cannot read the importance matrix: {e.strerror}") from None
     return _load_gguf(path) if head == b"GGUF" else _load_legacy(path)
 
 

@@ -266,11 +266,7 @@ def check_metadata(path: Path, fields: dict[str, ReaderField]) -> None:
                                  "convert or download the model again")
 
     def want_of(key: str) -> Want | None:
-        if key in GENERAL_KEYS:
-            return GENERAL_KEYS[key]
-        if key.startswith(registry.META_PREFIX):
-            return _COUNT
-        return ARCH_KEYS.get(key[len(arch) + 1:]) if arch and key.startswith(arch + ".") else None
+        return _want_of(key, arch)
 
     arch = None
     if "general.architecture" in fields:
@@ -312,6 +308,28 @@ def check_metadata(path: Path, fields: dict[str, ReaderField]) -> None:
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in lengths and "tokenizer.ggml.tokens" in lengths and lengths[key] != lengths["tokenizer.ggml.tokens"]:
             fail(key, f"holds {lengths[key]} values, but tokenizer.ggml.tokens holds {lengths['tokenizer.ggml.tokens']}")
+
+
+def _want_of(key: str, arch: str | None) -> Want | None:
+    if key in GENERAL_KEYS:
+        return GENERAL_KEYS[key]
+    if key.startswith(registry.META_PREFIX):
+        return _COUNT
+    return ARCH_KEYS.get(key[len(arch) + 1:]) if arch and key.startswith(arch + ".") else None
+
+
+def value_problem(key: str, arch: str | None, vtype: GGUFValueType, value: Any) -> str | None:
+    """What is wrong with writing the scalar `value` of `vtype` under `key` in a model of `arch` (as
+    --override-kv does), by the rules check_metadata reads files with; None when nothing is."""
+    want = _want_of(key, arch)
+    if want is None:
+        return None
+    if want.kind is None or vtype not in _KINDS[want.kind][0]:
+        return f"is a {vtype.name.lower()} here, but gguftool and llama.cpp read {want.describe()} there"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            (want.lo is not None and value < want.lo) or (want.hi is not None and value > want.hi)):
+        return f"= {value}: {_range(want)}"
+    return None
 
 
 def _range(w: Want) -> str:

@@ -93,10 +93,12 @@ def load(name_or_path: str) -> Recipe:
         p = known[name_or_path]
     if not p.is_file():
         raise GgufToolError(f"{p}: no such recipe file")
-    text = p.read_text(encoding="utf-8")
     try:
+        text = p.read_text(encoding="utf-8")
         d = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except UnicodeDecodeError as e:
+        raise GgufToolError(f"{p}: not a recipe: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
         raise GgufToolError(f"{p}: not valid TOML: {e}") from None
     return parse(d, p, text)
 
