@@ -11,6 +11,7 @@ from gguftool.pipeline import budget, recipe
 from gguftool.pipeline import plan as planning
 
 from .conftest import tiny_llama
+from .test_native import native  # noqa: F401  (fixture: the build, or a skip saying how to get it)
 
 
 @pytest.mark.parametrize("name", ["phone-small", "max-compression", "stock-llamacpp", "quality"])
@@ -224,3 +225,18 @@ def test_target_bpw_with_a_type_chooses_among_it_and_the_plans_types(tmp_path, r
     doc = json.loads(cap.out)
     assert doc["bits_per_weight"] <= 6 and {r["to"] for r in doc["tensors"]} >= {"Q4_0", "Q8_0"}
     assert "of Q4_0, Q8_0" in cap.err
+
+
+@pytest.mark.native
+def test_target_bpw_with_a_llama_quantize_mix_chooses_among_its_types(native, tmp_path, capsys):  # noqa: F811
+    """Q4_K_M --target-bpw: the mix's own types (llama-quantize's plan) are the choices; the file is written."""
+    from .test_kquants import loadable_llama
+    src = loadable_llama(tmp_path / "m.gguf")
+    out = tmp_path / "o.gguf"
+    assert main(["quantize", str(src), str(out), "Q4_K_M", "--target-bpw", "5.5", "-t", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "--target-bpw 5.5:" in err and "Q4_K" in err and "Q6_K" in err
+    f = GGUFFile(out)
+    data = sum(t.n_bytes for t in f.tensors)
+    assert 8 * data / sum(t.n_elements for t in f.tensors) <= 5.5
+    assert f.get("general.file_type") == 15   # still llama-quantize's Q4_K_M file type
