@@ -15,7 +15,8 @@ Fault injection for tests: `drop_after[path] = n` cuts the connection after n by
 full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree lists them;
 `cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
 and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
-every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer.
+every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer, and
+`info_endless` makes it a chunked answer that never ends.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class FakeHub:
         self.status_all: int | None = None
         self.status_files: int | None = None
         self.info_body: bytes | None = None
+        self.info_endless = False
         self.hidden: set[str] = set()
         self._lock = threading.Lock()
         hub = self
@@ -158,6 +160,18 @@ class FakeHub:
                 info = {"id": m.group(1), "sha": sha, "private": repo.private_token is not None,
                         "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
                 body = self.info_body if self.info_body is not None else json.dumps(info).encode()
+                if self.info_endless and not head:   # a chunked answer that never ends
+                    h.send_response(200)
+                    h.send_header("Content-Type", "application/json")
+                    h.send_header("Transfer-Encoding", "chunked")
+                    h.end_headers()
+                    chunk = b"[" * 65536
+                    try:
+                        while True:
+                            h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    except OSError:
+                        h.close_connection = True
+                    return
                 self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)

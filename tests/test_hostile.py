@@ -782,6 +782,8 @@ def _metadata_cases():
         "head_count-wrong-length": ({"llama.attention.head_count": ([4, 4, 4], A)},
                                     "'llama.attention.head_count' holds 3 values, one per block: llama.block_count is 1"),
         "head_count-strings": ({"llama.attention.head_count": (["4"], A)}, "'llama.attention.head_count' is an array of strings"),
+        "head_count-not-dividing": ({"llama.attention.head_count": (65, T.UINT8)},   # found by the fuzz test
+                                    "'llama.attention.head_count' = 65 does not divide llama.embedding_length = 64"),
         "ff-negative-in-array": ({"llama.feed_forward_length": ([-5], A)}, "'llama.feed_forward_length' holds -5"),
         "rope_base-string": ({"llama.rope.freq_base": ("10000", T.STRING)}, "'llama.rope.freq_base' is a string, not a number"),
         "rope_base-nan": ({"llama.rope.freq_base": (float("nan"), T.FLOAT32)}, "'llama.rope.freq_base' = nan"),

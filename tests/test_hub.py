@@ -295,3 +295,12 @@ def test_a_hostile_hub_answer_is_one_clear_error(hub, checkpoint_files, tmp_path
     err = capsys.readouterr().err
     assert f"error: {hub.url}: " in err and wanted in err and "unexpected" not in err, err
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_an_endless_answer_keeps_memory_bounded(hub, checkpoint_files, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hubio, "ANSWER_LIMIT", 4 << 20)
+    hub.add(REPO, checkpoint_files)
+    hub.info_endless = True
+    assert _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60") == 1
+    err = capsys.readouterr().err
+    assert f"error: {REPO}: gave up on 127.0.0.1" in err and "its answer runs past 4 MiB" in err, err

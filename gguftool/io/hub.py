@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import re
 import sys
@@ -189,6 +190,38 @@ class _Attempts:
         with self._lock:
             code = response.status_code
             self.answers[key] = f"HTTP {code}" if code >= 400 else f"HTTP {code}, then the connection broke"
+        if "/api/" in key[1].split("?", 1)[0]:   # an API answer (JSON, read whole into memory; files are streamed)
+            response.stream = _limited_stream()(response.stream, ANSWER_LIMIT, self, self.what(key[1]))
+
+
+ANSWER_LIMIT = 256 << 20   # bytes of one API answer (a repository's info or a page of its file list)
+
+
+@functools.lru_cache(maxsize=1)
+def _limited_stream():
+    """The class of a response body that stops (the download gives up) past `limit` bytes: an endless answer
+    cannot fill memory. An httpx SyncByteStream, made when first needed (httpx is huggingface_hub's)."""
+    try:
+        import httpx2 as httpx  # huggingface_hub 2.x's fork of httpx
+    except ImportError:
+        import httpx
+
+    class Limited(httpx.SyncByteStream):
+        def __init__(self, stream, limit: int, budget: _Attempts, what: str):
+            self.stream, self.limit, self.budget, self.what = stream, limit, budget, what
+
+        def __iter__(self):
+            n = 0
+            for chunk in self.stream:
+                n += len(chunk)
+                if n > self.limit:
+                    self.budget.gave_up = f"gave up on {self.what}: its answer runs past {self.limit >> 20} MiB"
+                    raise _GaveUp(self.budget.gave_up)
+                yield chunk
+
+        def close(self):
+            self.stream.close()
+    return Limited
 
 
 _budget: _Attempts | None = None   # the download under way (one at a time)

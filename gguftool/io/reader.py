@@ -305,6 +305,12 @@ def check_metadata(path: Path, fields: dict[str, ReaderField]) -> None:
         w = want_of(key)
         if w is not None and w.per_block and n_layer is not None and n != _field_value(n_layer):
             fail(key, f"holds {n} values, one per block: {arch}.block_count is {_field_value(n_layer)}")
+    heads, embd = fields.get(f"{arch}.attention.head_count"), fields.get(f"{arch}.embedding_length")
+    if heads is not None and embd is not None and f"{arch}.attention.key_length" not in fields \
+            and isinstance(n := _field_value(heads), int) and n > 0 and _field_value(embd) % n:
+        # llama.cpp's head size is then embedding_length / head_count
+        fail(f"{arch}.attention.head_count", f"= {n} does not divide {arch}.embedding_length = {_field_value(embd)}, "
+             f"and no {arch}.attention.key_length gives the head size")
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in lengths and "tokenizer.ggml.tokens" in lengths and lengths[key] != lengths["tokenizer.ggml.tokens"]:
             fail(key, f"holds {lengths[key]} values, but tokenizer.ggml.tokens holds {lengths['tokenizer.ggml.tokens']}")
