@@ -16,7 +16,7 @@ full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree
 `cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
 and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
 every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer, and
-`info_endless` makes it a chunked answer that never ends.
+`info_endless` makes it a chunked answer that never ends; `tree_body` replaces the file list's JSON.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ class FakeHub:
         self.status_files: int | None = None
         self.info_body: bytes | None = None
         self.info_endless = False
+        self.tree_body: bytes | None = None
         self.hidden: set[str] = set()
         self._lock = threading.Lock()
         hub = self
@@ -185,7 +186,8 @@ class FakeHub:
                     if p.endswith(LFS_SUFFIXES):
                         e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
                     entries.append(e)
-                self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
+                body = self.tree_body if self.tree_body is not None else json.dumps(entries).encode()
+                self._send(h, 200, body, {"Content-Type": "application/json"}, head)
             return
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m:

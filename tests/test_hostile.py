@@ -1261,3 +1261,21 @@ def test_override_kv_of_keys_nobody_reads_or_of_the_right_type_pass(tmp_path):
                  "--override-kv", "my.own.key=str:x", "--override-kv", "general.name=str:renamed"]) == 0
     f = GGUFFile(o)
     assert (f.get("general.name"), f.get("my.own.key"), f.get("llama.block_count")) == ("renamed", "x", 1)
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (128, 0), (2, 3, 4, 5, 6)], ids=str)
+def test_a_checkpoint_tensor_no_gguf_can_hold_is_refused(tmp_path, capsys, shape):
+    """Zero-size dimensions (were exit 70) and more than 4 (was written, then refused by every reader)."""
+    from gguftool.io.safetensors import SafetensorsFile
+
+    from .hf_export import save_file
+    ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0))
+    f = SafetensorsFile(ck / "model.safetensors")
+    w = {n: t.array().copy() for n, t in f.tensors.items()}
+    f.close()
+    w["model.layers.0.mlp.up_proj.weight"] = np.zeros(shape, np.float32)
+    save_file(ck / "model.safetensors", w, {"format": "pt"})
+    assert main(["convert", str(ck), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert f"tensor 'model.layers.0.mlp.up_proj.weight' has shape {list(shape)}; a GGUF tensor has 1 to 4" in err, err
+    assert "unexpected" not in err and not (tmp_path / "o.gguf").exists()

@@ -304,3 +304,13 @@ def test_an_endless_answer_keeps_memory_bounded(hub, checkpoint_files, tmp_path,
     assert _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60") == 1
     err = capsys.readouterr().err
     assert f"error: {REPO}: gave up on 127.0.0.1" in err and "its answer runs past 4 MiB" in err, err
+
+
+@pytest.mark.parametrize("body", [b"<html>", b'{"a": 1}', b'[{"type": "file"}]', b'[{"type": "file", "path": 5, "size": "x"}]',
+                                  b"[" * 100000], ids=["html", "object", "no-path", "wrong-types", "deep"])
+def test_a_hostile_file_list_is_one_clear_error(hub, checkpoint_files, tmp_path, capsys, body):
+    hub.add(REPO, checkpoint_files)
+    hub.tree_body = body
+    rc = _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60")
+    err = capsys.readouterr().err
+    assert rc == 1 and f"error: {hub.url}: the files of {REPO}@" in err and "is not a hub's answer" in err, err

@@ -139,6 +139,9 @@ class HFModel:
 
     def _tensor(self, gname: str, st: STensor, transform: archs.Transform | None) -> ConvertedTensor:
         shape = st.shape if st.shape else (1,)
+        if len(shape) > 4 or 0 in shape:   # what GGUF (GGML_MAX_DIMS) and llama.cpp hold; an empty one has no rows
+            raise GgufToolError(f"{st.file.path}: tensor {st.name!r} has shape {list(st.shape)}; a GGUF tensor has "
+                                "1 to 4 dimensions, none of them 0")
         # 1-D tensors, norms, biases and embeddings of positions / token types are F32 in llama.cpp's files
         force_f32 = len(shape) == 1 or gname.endswith("_norm.weight") or not gname.endswith(".weight") or gname in F32_NAMES
         ttype = F32 if force_f32 else _BY_DTYPE[st.dtype]
