@@ -136,6 +136,20 @@ class HFModel:
             raise GgufToolError(f"{self.path / 'config.json'}: `vocab_size` is {claimed}, but the embedding {emb.source} "
                                 f"has {rows} rows", hint="config.json does not belong to these weights")
         self.config["vocab_size"] = rows
+        hidden = archs.find(self.config, archs.HIDDEN_KEYS)
+        if hidden != emb.shape[1]:   # llama.cpp checks every tensor's shape against these numbers when it loads
+            raise GgufToolError(f"{self.path / 'config.json'}: `hidden_size` is {hidden}, but the embedding {emb.source} "
+                                f"has {emb.shape[1]} columns", hint="config.json does not belong to these weights")
+        n_head = archs.find(self.config, archs.HEAD_KEYS)
+        n_kv = archs.find(self.config, ("num_key_value_heads", "n_kv_heads")) or n_head
+        head_dim = self.config.get("head_dim") or hidden // n_head
+        for t in self.tensors:
+            want = {"attn_q.weight": n_head * head_dim, "attn_k.weight": n_kv * head_dim,
+                    "attn_v.weight": n_kv * head_dim}.get(t.name.split(".", 2)[-1]) if t.name.startswith("blk.") else None
+            if want is not None and t.shape[0] != want:
+                raise GgufToolError(f"{self.path}: {t.source} has {t.shape[0]} rows, but config.json's heads give "
+                                    f"{want} (num_attention_heads {n_head}, num_key_value_heads {n_kv}, head size "
+                                    f"{head_dim})", hint="config.json does not belong to these weights")
 
     def _tensor(self, gname: str, st: STensor, transform: archs.Transform | None) -> ConvertedTensor:
         shape = st.shape if st.shape else (1,)
