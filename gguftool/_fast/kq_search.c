@@ -191,7 +191,7 @@ static int qk_ls(const float * x, const float * w, float nmax, float s, float o,
 /* the best continuous (scale, min) of one sub-block for the weighted squared error: the inverse scales
  * (nmax + k/10)/(max - min), k = -10..10 (the range of ggml's make_qkx2_quants, which weights its
  * objective by |x| instead), each refit by least squares, scored with the codes re-chosen */
-#define QK_STEPS 21
+#define QK_STEPS 61
 static void qk_continuous(const float * x, const float * w, float nmax, float * a_out, float * b_out) {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < 32; ++i) { mn = x[i] < mn ? x[i] : mn; mx = x[i] > mx ? x[i] : mx; }
@@ -200,7 +200,7 @@ static void qk_continuous(const float * x, const float * w, float nmax, float * 
     if (!(mx > mn)) return;
     float ba = (mx - mn) / nmax, bb = -mn, be = qk_sub_err(x, w, nmax, ba, bb);
     for (int k = 0; k < QK_STEPS; ++k) {
-        const float iscale = (nmax - 1.f + 0.1f * (float) k) / (mx - mn);
+        const float iscale = (nmax - 1.5f + 0.05f * (float) k) / (mx - mn);
         float a, b;
         if (!qk_ls(x, w, nmax, 1.f / iscale, -mn, &a, &b)) continue;
         const float e = qk_sub_err(x, w, nmax, a, b);
@@ -234,6 +234,43 @@ static void qk_rounds(const float * x, const float * w, float nmax, qk_params * 
     *E_io = E;
 }
 
+/* the super-block scales for the continuous sub-block pairs (a, b): max/63 times a factor in
+ * 1 +- QK_GRID_STEPS/100 (the integer grid the pairs round onto moves with it), first d, then dmin,
+ * each scored by the block's error with the codes re-chosen */
+#define QK_GRID_STEPS 6
+static void qk_on_grid(const float * a, const float * b, qk_params * q) {
+    for (int j = 0; j < 8; ++j) {
+        q->sc[j] = nearest(a[j] / q->d, 0, 63);
+        q->m[j] = q->dmin != 0.f ? nearest(b[j] / q->dmin, 0, 63) : 0;
+    }
+}
+static int qk_grid(const float * x, const float * w, float nmax, const float * a, const float * b, float amax, float bmax,
+                   qk_params * q) {
+    q->d = fp16_round(amax / 63.f);
+    q->dmin = fp16_round(bmax / 63.f);
+    if (q->d == 0.f || !isfinite(q->d) || !isfinite(q->dmin)) return 0;
+    qk_on_grid(a, b, q);
+    double best = qk_block_err(x, w, nmax, q, NULL);
+    for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1 && q->dmin == 0.f) break;
+        const float base = pass == 0 ? amax : bmax;
+        float keep = pass == 0 ? q->d : q->dmin;
+        for (int k = -QK_GRID_STEPS; k <= QK_GRID_STEPS; ++k) {
+            if (k == 0) continue;
+            qk_params c = *q;
+            const float v = fp16_round(base / 63.f * (1.f + 0.01f * (float) k));
+            if (v == 0.f || !isfinite(v)) continue;
+            if (pass == 0) c.d = v; else c.dmin = v;
+            qk_on_grid(a, b, &c);
+            const double e = qk_block_err(x, w, nmax, &c, NULL);
+            if (e < best) { best = e; keep = v; }
+        }
+        if (pass == 0) q->d = keep; else q->dmin = keep;
+        qk_on_grid(a, b, q);
+    }
+    return 1;
+}
+
 static double qk_refine_block(const float * x, const float * w, float nmax, qk_params * p, int rounds, double * before) {
     float sub[8];
     double E = qk_block_err(x, w, nmax, p, sub);
@@ -247,13 +284,7 @@ static double qk_refine_block(const float * x, const float * w, float nmax, qk_p
         amax = a[j] > amax ? a[j] : amax; bmax = b[j] > bmax ? b[j] : bmax;
     }
     qk_params q;
-    q.d = fp16_round(amax / 63.f);
-    q.dmin = fp16_round(bmax / 63.f);
-    if (q.d == 0.f || !isfinite(q.d) || !isfinite(q.dmin)) return E;
-    for (int j = 0; j < 8; ++j) {
-        q.sc[j] = nearest(a[j] / q.d, 0, 63);
-        q.m[j] = q.dmin != 0.f ? nearest(b[j] / q.dmin, 0, 63) : 0;
-    }
+    if (!qk_grid(x, w, nmax, a, b, amax, bmax, &q)) return E;
     float subq[8];
     double Eq = qk_block_err(x, w, nmax, &q, subq);
     qk_rounds(x, w, nmax, &q, rounds, subq, &Eq);
@@ -499,6 +530,18 @@ static double q6_refine_block(const float * x, const float * w, q6_params * p, i
     q6_params q;
     q.d = fp16_round(-smax / 128.f);
     if (q.d == 0.f || !isfinite(q.d)) return E;
+    for (int j = 0; j < 16; ++j) q.sc[j] = nearest(a[j] / q.d, -128, 127);
+    double best = q6_block_err(x, w, &q, NULL);
+    float keep = q.d;
+    for (int k = -QK_GRID_STEPS; k <= QK_GRID_STEPS; ++k) {   /* the grid scale, as for Q4_K's d */
+        q6_params c = q;
+        c.d = fp16_round(-smax / 128.f * (1.f + 0.01f * (float) k));
+        if (k == 0 || c.d == 0.f || !isfinite(c.d)) continue;
+        for (int j = 0; j < 16; ++j) c.sc[j] = nearest(a[j] / c.d, -128, 127);
+        const double e = q6_block_err(x, w, &c, NULL);
+        if (e < best) { best = e; keep = c.d; }
+    }
+    q.d = keep;
     for (int j = 0; j < 16; ++j) q.sc[j] = nearest(a[j] / q.d, -128, 127);
     float subq[16];
     double Eq = q6_block_err(x, w, &q, subq);
