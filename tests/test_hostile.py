@@ -3,7 +3,11 @@ and asserts the outcome: a clean error (exit 1 or 2, one message, no traceback) 
 
 Classes: output safety (non-files as outputs, convert's checkpoint files as outputs, signals, long
 names, closed pipes), CLI habits (did you mean, no abbreviations, type hints, directories as models),
-values (recipe value types, values beyond the fp16 range, CLI numbers)."""
+values (recipe value types, values beyond the fp16 range with and without the native build, CLI numbers
+and sizes), no traceback (GGUF metadata of the wrong type, depth or range; config.json, tokenizer.json,
+tokenizer_config.json, modules.json values; checkpoint tensors no GGUF holds; adb output), bounded work
+and memory (catastrophic patterns, a stalled hub, counts and sizes a header or config claims, under
+RLIMIT_AS). The hub's answers and attempt limit are in test_hub.py, random values in test_fuzz_reader.py."""
 from __future__ import annotations
 
 import argparse
