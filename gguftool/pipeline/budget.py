@@ -198,7 +198,7 @@ def _search(plan, free, table, allowed, data_budget, fixed_bytes, budget_bytes, 
             steps.append(s)
             continue
         action = "copy" if out.id == s.tensor.type.id else "quantize"
-        steps.append(replace(s, out_type=out, action=action, note=f"budget: {out.name}"))
+        steps.append(replace(s, out_type=out, action=action, note=""))   # (a note per tensor would flood stderr)
     return Fit(Plan(steps), best, scored[best][1], data_budget, scored)
 
 
