@@ -1288,3 +1288,10 @@ def test_a_checkpoint_tensor_no_gguf_can_hold_is_refused(tmp_path, capsys, shape
     err = capsys.readouterr().err
     assert f"tensor 'model.layers.0.mlp.up_proj.weight' has shape {list(shape)}; a GGUF tensor has 1 to 4" in err, err
     assert "unexpected" not in err and not (tmp_path / "o.gguf").exists()
+
+
+def test_adb_devices_no_permissions_says_so(tmp_path):
+    r = _adb_runner(tmp_path, 'case "$1" in devices) printf "List of devices attached\\nR58M\\tno permissions (user in '
+                              'plugdev group; are your udev rules wrong?)\\n";; *) exit 0;; esac')
+    with pytest.raises(GgufToolError, match=r"adb may not open the device \(no permissions\)"):
+        r.check_device()

@@ -279,6 +279,10 @@ class AdbRunner(Runner):
         if "unauthorized" in low:
             raise GgufToolError("the device is unauthorized: this computer's adb key is not accepted yet",
                                 "unlock the phone and accept the 'Allow USB debugging?' dialog, then retry")
+        if "no permissions" in low:
+            raise GgufToolError("adb may not open the device (no permissions)",
+                                "add a udev rule for the phone (Android's `android-udev-rules`), replug it, "
+                                "then `adb kill-server && adb devices`")
         if "offline" in low:
             raise GgufToolError("the device is offline", "reconnect the cable; `adb kill-server && adb devices`")
         if "no space left" in low:
@@ -296,7 +300,7 @@ class AdbRunner(Runner):
             if not rows:
                 raise GgufToolError("no Android device found by adb (`adb devices` lists none)",
                                     "connect the phone by USB and enable USB debugging (Developer options)")
-            states = {s: st for s, st, *_ in rows}
+            states = {s: ("no permissions" if st == "no" else st) for s, st, *_ in rows}
             ready = [s for s, st in states.items() if st == "device"]
             if not ready:
                 st = next(iter(states.values()))
