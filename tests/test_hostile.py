@@ -1295,3 +1295,24 @@ def test_adb_devices_no_permissions_says_so(tmp_path):
                               'plugdev group; are your udev rules wrong?)\\n";; *) exit 0;; esac')
     with pytest.raises(GgufToolError, match=r"adb may not open the device \(no permissions\)"):
         r.check_device()
+
+
+
+@pytest.mark.parametrize("card", [
+    "---\nlicense: [1, {a: 2}]\ntags: 5\nbase_model: 7\n---\n",   # values of the wrong type (were exit 70)
+    "---\n: : :\n  - [\n---\n",                                      # not YAML (was exit 70)
+    b"\xff\xfe---\n\x00\x01",                                         # not UTF-8 (was exit 70)
+], ids=["types", "not-yaml", "not-utf8"])
+def test_a_model_card_gguf_cannot_read_is_one_clear_error(tmp_path, capsys, card):
+    ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0))
+    (ck / "README.md").write_bytes(card if isinstance(card, bytes) else card.encode())
+    assert main(["convert", str(ck), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {ck}: gguf cannot read the model card metadata" in err and "front matter" in err, err
+    assert "unexpected" not in err and "warning" not in err and not (tmp_path / "o.gguf").exists()
+
+
+def test_a_model_card_with_odd_but_readable_front_matter_converts(tmp_path):
+    ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0))
+    (ck / "README.md").write_text("---\n- 1\n- 2\n---\n# a list, not a mapping: gguf ignores it\n")
+    assert main(["convert", str(ck), str(tmp_path / "o.gguf")]) == 0

@@ -7,6 +7,7 @@ needs it) exist only while it is being written.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,7 @@ class HFModel:
         self._tokenizer = vocab.load_checked(self.path, self.config["vocab_size"])
         if self.arch.name in archs.POOLED:
             archs.pooling_type(self.path)
+        self._card = self._read_card()
         self.fields: dict[str, Any] = {}  # no GGUF header to carry over
 
     # -- tensors ---------------------------------------------------------------
@@ -122,6 +124,28 @@ class HFModel:
         if not out:
             raise GgufToolError(f"{self.path}: no weights to convert")
         return out
+
+    def _read_card(self) -> gguf.Metadata:
+        """gguf's model metadata (general.*) from README.md's YAML front matter and config.json, read once, here:
+        a card gguf cannot read (not YAML, not UTF-8, values of the wrong type) is an error naming it."""
+        try:
+            import yaml
+            errors: tuple[type[BaseException], ...] = (yaml.YAMLError,)
+        except ImportError:
+            errors = ()
+        try:
+            meta = gguf.Metadata.load(None, self.path, self.model_name, self.n_params)
+            if meta.name is None:
+                meta.name = self.path.name
+            if meta.size_label is None and self.n_params > 0:
+                meta.size_label = gguf.size_label(self.n_params, 0, 0, 0)
+            meta.set_gguf_meta_model(gguf.GGUFWriter(None, self.architecture))   # its values must write, too
+        except (*errors, TypeError, ValueError, AttributeError, KeyError, IndexError, UnicodeDecodeError,
+                RecursionError, struct.error) as e:
+            raise GgufToolError(f"{self.path}: gguf cannot read the model card metadata of README.md and config.json "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})",
+                                hint="fix README.md's YAML front matter (between the --- lines) or remove it") from None
+        return meta
 
     def _check_vocab_size(self) -> None:
         """The vocabulary is as large as the token embedding (llama.cpp loads nothing else): config.json's
@@ -191,12 +215,7 @@ class HFModel:
         gguf's metadata and vocabulary helpers write into it."""
         g = gguf.GGUFWriter(None, self.architecture)
         g.add_type(gguf.GGUFType.MODEL)
-        meta = gguf.Metadata.load(None, self.path, self.model_name, self.n_params)
-        if meta.name is None:
-            meta.name = self.path.name
-        if meta.size_label is None and self.n_params > 0:
-            meta.size_label = gguf.size_label(self.n_params, 0, 0, 0)
-        meta.set_gguf_meta_model(g)
+        self._card.set_gguf_meta_model(g)
         archs.write_hparams(self.arch, self.config, g, self.path)
         self.tokenizer_pre = vocab.write_vocab(self.arch.vocab, self.arch.name, self.path, self.config, g, self.tokenizer_pre,
                                               self._tokenizer)
