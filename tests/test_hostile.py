@@ -1316,3 +1316,19 @@ def test_a_model_card_with_odd_but_readable_front_matter_converts(tmp_path):
     ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0))
     (ck / "README.md").write_text("---\n- 1\n- 2\n---\n# a list, not a mapping: gguf ignores it\n")
     assert main(["convert", str(ck), str(tmp_path / "o.gguf")]) == 0
+
+
+
+@pytest.mark.parametrize("name, content, wanted", [
+    ("chat_template.json", b"[1]", "chat_template.json: not a JSON object"),   # was a warning, then the error
+    ("chat_template.json", b"{", "chat_template.json: not valid JSON"),
+    ("chat_template.jinja", b"\xff\xfe", "chat_template.jinja: not a chat template: not UTF-8 text"),
+    ("model.safetensors.index.json", b"\xff", "model.safetensors.index.json: not a safetensors index"),   # was exit 70
+    ("generation_config.json", b"[1]", "gguf cannot read the model card metadata"),
+], ids=["chat-json-list", "chat-json-bad", "chat-jinja-binary", "index-binary", "generation-config-list"])
+def test_other_checkpoint_files_are_checked_before_planning(tmp_path, capsys, name, content, wanted):
+    ck = tiny_checkpoint(tmp_path / "ck", np.random.default_rng(0))
+    (ck / name).write_bytes(content)
+    assert main(["convert", str(ck), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {ck}" in err and wanted in err and "unexpected" not in err and "warning" not in err, err

@@ -142,7 +142,8 @@ class HFModel:
             meta.set_gguf_meta_model(gguf.GGUFWriter(None, self.architecture))   # its values must write, too
         except (*errors, TypeError, ValueError, AttributeError, KeyError, IndexError, UnicodeDecodeError,
                 RecursionError, struct.error) as e:
-            raise GgufToolError(f"{self.path}: gguf cannot read the model card metadata of README.md and config.json "
+            raise GgufToolError(f"{self.path}: gguf cannot read the model card metadata (README.md, config.json, "
+                                f"generation_config.json) "
                                 f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})",
                                 hint="fix README.md's YAML front matter (between the --- lines) or remove it") from None
         return meta

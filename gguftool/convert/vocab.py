@@ -113,6 +113,15 @@ def check_tokenizer_config(model_dir: Path) -> dict[str, Any] | None:
     for key in [f"add_{t}_token" for t in SPECIAL_TOKENS] + ["add_prefix_space"]:
         if cfg.get(key) is not None and not isinstance(cfg[key], bool):
             raise GgufToolError(f"{path}: `{key}` must be true or false, not {shown(cfg[key])}")
+    templates = [model_dir / "chat_template.jinja", *sorted((model_dir / "additional_chat_templates").glob("*.jinja"))]
+    for t in templates:   # the chat template files gguf's SpecialVocab reads besides tokenizer_config.json
+        if t.is_file():
+            try:
+                t.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise GgufToolError(f"{t}: not a chat template: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if (model_dir / "chat_template.json").is_file():
+        read_json_object(model_dir / "chat_template.json")
     tmpl = cfg.get("chat_template")
     if tmpl is not None and not isinstance(tmpl, str) and not (
             isinstance(tmpl, list) and all(isinstance(x, dict) and isinstance(x.get("name"), str)

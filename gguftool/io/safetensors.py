@@ -148,7 +148,7 @@ class Checkpoint:
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
                 names = list(dict.fromkeys(weight_map.values()))  # first-seen order, no duplicates
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError, AttributeError) as e:
                 raise GgufToolError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
             paths = [inside(self.dir, n, f"{index}: shard") for n in names]
             missing = [n for n, p in zip(names, paths) if not p.is_file()]
