@@ -239,6 +239,26 @@ def test_tq3_1_leans_on_the_upstream_rotation(kv_ppl):
     assert kv_ppl("tq3_1", "tq3_1", rot=False) > rot
 
 
+def test_per_layer_cache_types(native, smollm2):
+    """GGUFTOOL_KV_LAYERS_K (docs/kv.md): the named layers get that K type, the cache grows by exactly
+    their extra bytes, a quality that lies between the two uniform caches, and a bad spec is named."""
+    def run(k: str, spec: str | None):
+        cmd = [str(native.tool("llama-perplexity")), "-m", str(smollm2), "-f", str(TEXT), "-c", "256",
+               "--chunks", "2", "-t", "2", "-b", "256", "-fa", "on", "-ctk", k, "-ctv", "tq3_1", "-v"]
+        env = {**os.environ, **({"GGUFTOOL_KV_LAYERS_K": spec} if spec is not None else {})}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-3000:]
+        mib = float(re.search(r"K \([a-z0-9_]+\): +([0-9.]+) MiB", out).group(1))
+        return float(PPL_RE.search(out).group(1)), mib, out
+    low, low_mib, _ = run("tq3_1", None)
+    high, high_mib, _ = run("q8_0", None)
+    mixed, mixed_mib, out = run("tq3_1", "10-14:q8_0,bogus")
+    assert "layer 12 K cache: q8_0" in out and "ignoring 'bogus'" in out
+    assert mixed_mib == pytest.approx(low_mib + (high_mib - low_mib) * 5 / 30, abs=0.01)
+    assert high < mixed < low, (high, mixed, low)
+
+
 def test_quantized_v_turns_flash_attention_on(native, smollm2):
     cmd = [str(native.tool("llama-perplexity")), "-m", str(smollm2), "-f", str(TEXT), "-c", "128",
            "--chunks", "1", "-t", "2", "-fa", "auto", "-ctv", "q4_hqq"]

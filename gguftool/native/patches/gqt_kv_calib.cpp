@@ -7,6 +7,8 @@
 #include "llama-impl.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -200,4 +202,35 @@ ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_laye
                                      ggml_tensor * out) {
     if (!c || !v_quantized) return out;
     return ggml_add(ctx, out, c->out_mean);
+}
+
+ggml_type gqt_kv_layer_type(int32_t il, ggml_type t, bool is_v) {
+    const char * var = is_v ? "GGUFTOOL_KV_LAYERS_V" : "GGUFTOOL_KV_LAYERS_K";
+    const char * spec = getenv(var);
+    if (!spec || !ggml_is_quantized(t)) return t;   // the rotation follows the cache's own type
+    std::string s(spec);
+    for (size_t pos = 0; pos < s.size();) {
+        size_t end = s.find(',', pos);
+        if (end == std::string::npos) end = s.size();
+        const std::string item = s.substr(pos, end - pos);
+        pos = end + 1;
+        const size_t colon = item.find(':');
+        int lo = -1, hi = -1, used = 0;
+        const int got = colon == std::string::npos ? 0 : sscanf(item.c_str(), "%d%n-%d%n", &lo, &used, &hi, &used);
+        ggml_type found = GGML_TYPE_COUNT;
+        for (int i = 0; got > 0 && i < GGML_TYPE_COUNT; ++i) {
+            const char * n = ggml_type_name((ggml_type) i);
+            if (n && ggml_type_size((ggml_type) i) > 0 && item.compare(colon + 1, std::string::npos, n) == 0) found = (ggml_type) i;
+        }
+        if (got <= 0 || (size_t) used != colon || found == GGML_TYPE_COUNT) {
+            if (il == 0) LLAMA_LOG_WARN("gguftool: %s: ignoring '%s' (expected FIRST[-LAST]:TYPE)\n", var, item.c_str());
+            continue;
+        }
+        if (got == 1) hi = lo;
+        if (il >= lo && il <= hi) {
+            LLAMA_LOG_INFO("gguftool: layer %d %s cache: %s (%s)\n", il, is_v ? "V" : "K", ggml_type_name(found), var);
+            return found;
+        }
+    }
+    return t;
 }

@@ -45,3 +45,8 @@ void gqt_kv_calib_apply_in(ggml_context * ctx, const gqt_kv_calib_layer * c, boo
                            ggml_tensor ** q, ggml_tensor ** k, ggml_tensor ** v);
 ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_layer * c, bool v_quantized,
                                      ggml_tensor * out);
+
+// Research knob (docs/kv.md, per-layer cache types): the cache type of layer il's K (is_v false) or
+// V cache is `t`, or, when `t` is quantized, the override GGUFTOOL_KV_LAYERS_K / _V gives for il
+// ("10-19:q4_0,3:q8_0": layer ranges and ggml type names, first match wins).
+ggml_type gqt_kv_layer_type(int32_t il, ggml_type t, bool is_v);
