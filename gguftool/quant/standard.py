@@ -68,7 +68,10 @@ def _quantizer(t: GGMLQuantizationType):
                 raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
                                     hint="use it with " + ", ".join(types.hqq_targets()))
             from .hqq import quantize_hqq
-            return quantize_hqq(x, t.name, threads=threads, **params)
+            q = quantize_hqq(x, t.name, threads=threads, **params)
+            if imatrix is not None and _ggml_available():   # HQQ has no importance weights (yet): per block,
+                return _weighted_best(t, x, q, _ggml(t, x, threads, imatrix), imatrix)   # the better by them
+            return q
         if solver != "ref":
             raise GgufToolError(f"unknown solver {solver!r}", hint="choose 'ref' (llama.cpp's reference) or 'hqq'")
         if params:
@@ -103,6 +106,18 @@ def _refuse_beyond_fp16(t: GGMLQuantizationType, x: np.ndarray, out: np.ndarray)
     bad = exp_ones.any(axis=1)
     if bad.any():
         raise range_error(t.name, np.asarray(x).reshape(x.shape[0], -1), int(np.argmax(bad)), block)
+
+
+def _weighted_best(t: GGMLQuantizationType, x: np.ndarray, a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per block, the one of the two encodings a, b (same layout) with the lower imatrix-weighted squared error."""
+    from ..native import ggml_lib
+    tt = types.stock(t.name)
+    n = x.shape[1]
+    err = [(((x - ggml_lib.dequantize(t, q, n)) ** 2) * w).reshape(-1, tt.block_size).sum(axis=1) for q in (a, b)]
+    out = a.reshape(-1, tt.type_size).copy()
+    take = err[1] < err[0]
+    out[take] = b.reshape(-1, tt.type_size)[take]
+    return out.reshape(a.shape)
 
 
 def _f16_to_f32(h: np.ndarray) -> np.ndarray:
