@@ -49,7 +49,7 @@ def ignored_params(plan: Plan, params: dict[str, Any]) -> list[str]:
     ignored = sorted(k for k, v in params.items() if k != "solver" or v == "hqq")
     if not ignored or _hqq_steps(plan, params):
         return []
-    from ..quant.standard import KQ_SEARCH   # solver "hqq" also runs gguftool's search for these K types
+    from ..quant.standard import KQ_SEARCH  # solver "hqq" also runs gguftool's search for these K types
     if ignored == ["solver"] and any(s.action == "quantize" and s.out_type.name in KQ_SEARCH
                                      and {**params, **s.params}.get("solver") == "hqq" for s in plan.steps):
         return []
