@@ -110,6 +110,11 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     gt("quantize", smollm2, "q4km.gguf", "Q4_K_M", "--allow-requantize", "--imatrix", "smol.imatrix.gguf")
     km = GGUFFile(work / "q4km.gguf")
     assert {"Q4_K", "Q6_K"} <= {t.type.name for t in km.tensors} and km.get("quantize.imatrix.entries_count") > 100
+    # the same mix with its K tensors searched (the _kquant extension is in the wheel): same types, other bytes
+    gt("quantize", smollm2, "q4km-hqq.gguf", "Q4_K_M", "--solver", "hqq", "--allow-requantize")
+    kh = GGUFFile(work / "q4km-hqq.gguf")
+    assert [(t.name, t.type.name) for t in kh.tensors] == [(t.name, t.type.name) for t in km.tensors]
+    assert json.loads(kh.get("gguftool.quantize.params")) == {"solver": "hqq"}
 
     # the default --out is relative (validate-out): the runs happen inside it
     gt("validate", smollm2, "--target", "local", "--isolate", "--types", "f16,tq3_1", "--chunks", "2", "--ctx", "128",
