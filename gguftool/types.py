@@ -96,6 +96,10 @@ CUSTOM_TYPES: tuple[CustomType, ...] = (
                "fp16 scale, 4 B of index bit 2, 8 B of index bits 0-1; x = d * L[idx], L the integer 3-bit "
                "Lloyd-Max levels; no rotation of its own (for caches llama.cpp rotates head-wide)",
                family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0"),
+    CustomType("TQ3_2", 516, 64, 26, 1,
+               "fp16 scale, then two 12-byte groups of TQ3_1's codes (values 0-31, 32-63); x = d * L[idx]: "
+               "TQ3_1 with one scale per 64 values (a head of dim 64)",
+               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1"),
 )
 RETIRED: tuple[CustomType, ...] = ()  # never reuse these ids
 

@@ -405,9 +405,10 @@ def test_native_flags_give_the_same_results(tmp_path, toolchain):
                   tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref)
 
 
-def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref):
-    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain`, feed it every 32-divisible input and a
-    Q8_0 row set, and require the numpy twins' bytes for quantize, dequantize and vec_dot (14-byte blocks)."""
+def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref,
+                  block: int = 32, block_bytes: int = 14):
+    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain`, feed it every `block`-divisible input and a
+    Q8_0 row set, and require the numpy twins' bytes for quantize, dequantize and vec_dot."""
     cc, runner = _TOOLCHAINS[toolchain]
     missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
     if missing:
@@ -420,11 +421,11 @@ def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rng = np.random.default_rng(8)
-    for x in (v for v in _inputs().values() if v.shape[1] % 32 == 0):
+    for x in (v for v in _inputs().values() if v.shape[1] % block == 0):
         y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))
         out = subprocess.run([*runner, str(exe), str(x.shape[0]), str(x.shape[1])], input=x.tobytes() + y8.tobytes(),
                              capture_output=True, check=True, timeout=120).stdout
-        nq = x.size // 32 * 14
+        nq = x.size // block * block_bytes
         q = np.frombuffer(out[:nq], np.uint8).reshape(x.shape[0], -1)
         assert_same_bytes(q, quantize_ref(x), x)
         assert out[nq:nq + 4 * x.size] == dequantize_ref(q).tobytes()

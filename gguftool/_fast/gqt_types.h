@@ -29,7 +29,14 @@
 #define GQT_TQ3_1_LAYOUT 1
 #define GQT_TQ3_1_BITS 3
 
-#define GQT_TYPE_MAX 515
+/* TQ3_2: fp16 scale, then two 12-byte groups of TQ3_1's codes (values 0-31, 32-63); x = d * L[idx]: TQ3_1 with one scale per 64 values (a head of dim 64) */
+#define GQT_TYPE_TQ3_2 516
+#define GQT_TQ3_2_BLOCK 64
+#define GQT_TQ3_2_BYTES 26
+#define GQT_TQ3_2_LAYOUT 1
+#define GQT_TQ3_2_BITS 3
+
+#define GQT_TYPE_MAX 516
 
 /* Every type, for code that treats each the same way: X(NAME, name, vec_dot type name). Each has
  * gqt_vec_dot_<name>_<vec_dot type> (the build's best path) and a portable _ref twin. */
@@ -37,7 +44,8 @@
     X(Q4_HQQ, q4_hqq, q8_1) \
     X(Q4_HQQ_128, q4_hqq_128, q8_1) \
     X(TQ3_0, tq3_0, q8_0) \
-    X(TQ3_1, tq3_1, q8_0)
+    X(TQ3_1, tq3_1, q8_0) \
+    X(TQ3_2, tq3_2, q8_0)
 
 /* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block, bits per code). */
 #define GQT_HQQ_TARGET_Q4_1 3

@@ -191,16 +191,17 @@ def edits() -> list[Edit]:
              "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && kv_is_f32_or_f16 && (k->type == v->type) && q->type == GGML_TYPE_F32 && nek1 >= 512;\n",
              "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && q->type == GGML_TYPE_F32 && nek1 >= 512; // gguftool: any cache type\n",
              where="replace"),
-        # flash attention reads a TQ3_1 V row by accumulating its blocks straight into the output
-        # (gqt_mad_tq3_1), where upstream converts every row to floats first and then adds them
+        # flash attention reads a TQ3_1/TQ3_2 V row by accumulating its blocks straight into the output
+        # (gqt_mad_tq3_*), where upstream converts every row to floats first and then adds them
         Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n', '#include "gqt_tq3_1.h" // gguftool\n'),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "    ggml_to_float_t   const v_to_float     = ggml_get_type_traits(v->type)->to_float;\n",
-             "    const bool v_fused = v->type == GGML_TYPE_TQ3_1 && !params->use_ref; // gguftool: gqt_mad_tq3_1\n"),
+             "    void (* const v_mad)(int64_t, float *, const void *, float) = params->use_ref ? NULL : // gguftool\n"
+             "        v->type == GGML_TYPE_TQ3_1 ? gqt_mad_tq3_1 : v->type == GGML_TYPE_TQ3_2 ? gqt_mad_tq3_2 : NULL;\n"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "                if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
-             "                if (v_fused) { // gguftool\n"
-             "                    gqt_mad_tq3_1(DV, VKQ32, v_data, vs);\n"
+             "                if (v_mad) { // gguftool\n"
+             "                    v_mad(DV, VKQ32, v_data, vs);\n"
              "                } else if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
              where="replace"),
         # --cache-type-k/-v: upstream's list, then ours

@@ -99,13 +99,14 @@ def c_dequantize(ext, data: np.ndarray, name: str, block: int, block_bytes: int)
     return out
 
 
-def c_vec_dot_q8_0(ext, x: np.ndarray, y: np.ndarray, name: str, block_bytes: int) -> np.ndarray:
+def c_vec_dot_q8_0(ext, x: np.ndarray, y: np.ndarray, name: str, block: int, block_bytes: int) -> np.ndarray:
     """Row-wise vec_dot of `name` rows x with ggml Q8_0 rows y of the same length -> float32 [rows]."""
     x = block_rows(x, name, block_bytes)
     y = np.ascontiguousarray(np.asarray(y).view(np.uint8)).reshape(len(x), -1)
     nb = x.shape[1] // block_bytes
-    if y.shape[1] != nb * Q8_0_BLOCK_BYTES:
-        raise GgufToolError(f"vec_dot: {nb} {name} blocks per row need {nb * Q8_0_BLOCK_BYTES} bytes of Q8_0 "
+    need = nb * block // 32 * Q8_0_BLOCK_BYTES
+    if y.shape[1] != need:
+        raise GgufToolError(f"vec_dot: {nb} {name} blocks per row need {need} bytes of Q8_0 "
                             f"per row, got {y.shape[1]}")
     out = np.empty(x.shape[0], dtype=np.float32)
     ext.vec_dot_rows(x, y, out)

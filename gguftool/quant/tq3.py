@@ -62,7 +62,7 @@ def dequantize_tq3(data: np.ndarray) -> np.ndarray:
 
 def vec_dot_tq3_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Row-wise gqt_vec_dot_tq3_0_q8_0: x TQ3_0 rows, y ggml Q8_0 rows of the same length -> float32 [rows]."""
-    return c_vec_dot_q8_0(_tq3, x, y, "TQ3_0", BLOCK_BYTES)
+    return c_vec_dot_q8_0(_tq3, x, y, "TQ3_0", QK, BLOCK_BYTES)
 
 
 # ---------------------------------------------------------------- numpy twins

@@ -1,9 +1,9 @@
-"""TQ3_1: 3-bit Lloyd-Max levels per 32-value block, no rotation of its own.
+"""TQ3_1 and TQ3_2: 3-bit Lloyd-Max levels, no rotation of their own.
 
 For KV caches: llama.cpp already rotates Q, K and V head-wide (a Walsh-Hadamard matrix in the graph)
 whenever the cache type is quantized, so the values a cache row holds are near-Gaussian and TQ3_0's
 second, per-block rotation buys nothing but a transform on every read. TQ3_1 keeps TQ3_0's codebook
-and scale rule on the values as they come:
+and scale rule on the values as they come, 32 at a time:
 
     for c in 0.7, 0.8 .. 1.3: idx = nearest level of x / (c d0), d0 = rms(x) / UNIT, then 2 Lloyd
           passes against the fp16 least-squares scale <x, L[idx]> / <L[idx], L[idx]>;
@@ -11,8 +11,11 @@ and scale rule on the values as they come:
     d = ||x|| / ||L[idx]||   (norm-preserving, stored as fp16)
     x_hat = d * L[idx],  L = (-127, -81, -46, -15, 15, 46, 81, 127)
 
+TQ3_2 runs the same rule over 64 values under one scale (3.25 bits instead of 3.5): after the head-wide
+rotation a head's coordinates are near-iid, so the second scale bought little.
+
 L is TQ3_0's Lloyd-Max codebook times 127 / 2.0719, rounded: the decoder looks levels up in a table
-and the dot with a Q8_0 row is an integer dot (one multiply per block). The C kernels
+and the dot with a Q8_0 row is an integer dot (one multiply per 32 values). The C kernels
 (gguftool/_fast/gqt_tq3_1.c) do the work; the `_ref` functions are numpy twins with identical bytes.
 """
 from __future__ import annotations
@@ -26,8 +29,10 @@ from . import register
 from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error, range_error
 
 TYPE = BY_NAME["TQ3_1"]
-QK = TYPE.block_size          # 32
-BLOCK_BYTES = TYPE.type_size  # 14
+TYPE2 = BY_NAME["TQ3_2"]
+QK = 32                        # values per code group: a TQ3_1 block, half a TQ3_2 block
+BLOCK_BYTES = TYPE.type_size   # 14
+GROUP_BYTES = 12               # the codes of one group
 REFINE_PASSES = _tq3_1.REFINE_PASSES
 SEARCH = _tq3_1.SEARCH          # starting scales 0.7, 0.8 .. 1.3 times d0
 UNIT = _tq3_1.UNIT            # levels per standard deviation: 127 / 2.0719...
@@ -38,41 +43,76 @@ FP16_OVERFLOW = np.float32(65520.0)   # the smallest float32 that rounds to fp16
 _L64 = LEVELS.astype(np.float64)
 _L32 = LEVELS.astype(np.float32)
 _MID = 0.5 * (_L64[1:] + _L64[:-1])
+_PER = {"TQ3_1": 1, "TQ3_2": 2}   # code groups per block
 
 
-def _rows_f32(x: np.ndarray) -> np.ndarray:
-    return float_rows(x, "TQ3_1", QK)
+def _shape(name: str) -> tuple[int, int, int]:
+    """(groups per block, values per block, bytes per block) of TQ3_1 or TQ3_2."""
+    per = _PER[name]
+    return per, QK * per, 2 + GROUP_BYTES * per
 
 
-def _nonfinite_error(x: np.ndarray) -> GgufToolError:
-    return nonfinite_error(x, "TQ3_1")
+class _Ext:
+    """_tq3_1's row functions bound to one type, in the shape gguftool.quant.rows expects."""
+
+    def __init__(self, name: str):
+        self.per = _PER[name]
+        self.OK, self.ERR_NONFINITE, self.ERR_RANGE = _tq3_1.OK, _tq3_1.ERR_NONFINITE, _tq3_1.ERR_RANGE
+
+    def quantize_rows(self, src, dst):
+        return _tq3_1.quantize_rows(src, dst, self.per)
+
+    def dequantize_rows(self, src, dst):
+        return _tq3_1.dequantize_rows(src, dst, self.per)
+
+    def vec_dot_rows(self, x, y, out):
+        return _tq3_1.vec_dot_rows(x, y, out, self.per)
 
 
-def _blocks_u8(data: np.ndarray) -> np.ndarray:
-    return block_rows(data, "TQ3_1", BLOCK_BYTES)
+_EXT = {name: _Ext(name) for name in _PER}
 
 
 # ---------------------------------------------------------------- C path
+def quantize(x: np.ndarray, name: str = "TQ3_1", *, threads: int = 1) -> np.ndarray:
+    """float rows [rows, n] (n % block == 0) -> uint8 blocks, C kernels, GIL released."""
+    _, qk, nbytes = _shape(name)
+    return c_quantize(_EXT[name], x, name, qk, nbytes, threads)
+
+
+def dequantize(data: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    _, qk, nbytes = _shape(name)
+    return c_dequantize(_EXT[name], data, name, qk, nbytes)
+
+
+def vec_dot_q8_0(x: np.ndarray, y: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    """Row-wise gqt_vec_dot_<name>_q8_0: x rows of `name`, y ggml Q8_0 rows of the same length -> float32 [rows]."""
+    _, qk, nbytes = _shape(name)
+    return c_vec_dot_q8_0(_EXT[name], x, y, name, qk, nbytes)
+
+
+def mad(x: np.ndarray, acc: np.ndarray, s: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    """acc + s[r] * row r of x, by gqt_mad_<name> (flash attention's fused V accumulation); returns a new array."""
+    per, _, nbytes = _shape(name)
+    x = block_rows(x, name, nbytes)
+    out = np.array(acc, dtype=np.float32, order="C", copy=True).reshape(len(x), -1)
+    _tq3_1.mad_rows(np.ascontiguousarray(x), out, np.ascontiguousarray(s, dtype=np.float32).reshape(-1), per)
+    return out
+
+
 def quantize_tq3_1(x: np.ndarray, *, threads: int = 1) -> np.ndarray:
-    """float rows [rows, n] (n % 32 == 0) -> uint8 [rows, n / 32 * 14], C kernels, GIL released."""
-    return c_quantize(_tq3_1, x, "TQ3_1", QK, BLOCK_BYTES, threads)
+    return quantize(x, "TQ3_1", threads=threads)
 
 
 def dequantize_tq3_1(data: np.ndarray) -> np.ndarray:
-    return c_dequantize(_tq3_1, data, "TQ3_1", QK, BLOCK_BYTES)
+    return dequantize(data, "TQ3_1")
 
 
 def vec_dot_tq3_1_q8_0(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Row-wise gqt_vec_dot_tq3_1_q8_0: x TQ3_1 rows, y ggml Q8_0 rows of the same length -> float32 [rows]."""
-    return c_vec_dot_q8_0(_tq3_1, x, y, "TQ3_1", BLOCK_BYTES)
+    return vec_dot_q8_0(x, y, "TQ3_1")
 
 
 def mad_tq3_1(x: np.ndarray, acc: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """acc + s[r] * row r of x, by gqt_mad_tq3_1 (flash attention's fused V accumulation); returns a new array."""
-    x = _blocks_u8(x)
-    out = np.array(acc, dtype=np.float32, order="C", copy=True).reshape(len(x), -1)
-    _tq3_1.mad_rows(np.ascontiguousarray(x), out, np.ascontiguousarray(s, dtype=np.float32).reshape(-1))
-    return out
+    return mad(x, acc, s, "TQ3_1")
 
 
 # ---------------------------------------------------------------- numpy twins
@@ -86,7 +126,7 @@ def _pick(x: np.ndarray, d: np.ndarray) -> np.ndarray:
 def _moments(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     num = np.zeros(len(x))
     den = np.zeros(len(x))
-    for j in range(QK):          # sequential, like the C loop
+    for j in range(x.shape[1]):          # sequential, like the C loop
         lv = _L64[idx[:, j]]
         num = num + x[:, j] * lv
         den = den + lv * lv
@@ -99,21 +139,22 @@ def _to_fp16(d: np.ndarray) -> np.ndarray:
     return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
 
 
-def quantize_tq3_1_ref(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
-    """numpy twin of quantize_tq3_1: identical bytes, and the same refusal of a block whose scale is
-    beyond fp16; saturate=True twins ggml's entry points instead (gqt_quantize_tq3_1, which keeps the
+def quantize_ref(x: np.ndarray, name: str = "TQ3_1", *, saturate: bool = False) -> np.ndarray:
+    """numpy twin of quantize: identical bytes, and the same refusal of a block whose scale is
+    beyond fp16; saturate=True twins ggml's entry points instead (gqt_quantize_<name>, which keeps the
     largest fp16 scale for such a block: a KV-cache row cannot fail)."""
-    x = _rows_f32(x)
+    per, qk, nbytes = _shape(name)
+    x = float_rows(x, name, qk)
     if not np.isfinite(x).all():
-        raise _nonfinite_error(x)
+        raise nonfinite_error(x, name)
     rows = x.shape[0]
-    b = x.reshape(-1, QK).astype(np.float64)
+    b = x.reshape(-1, qk).astype(np.float64)
     n2 = np.zeros(len(b))
-    for j in range(QK):
+    for j in range(qk):
         n2 = n2 + b[:, j] * b[:, j]
     nz = n2 != 0
     with np.errstate(divide="ignore", invalid="ignore"):   # zero blocks (n2 == 0) are dropped below
-        d0 = np.sqrt(n2 / QK) / UNIT
+        d0 = np.sqrt(n2 / qk) / UNIT
         for c in range(SEARCH):
             cand = _pick(b, d0 * (0.7 + 0.1 * c))
             num, den = _moments(b, cand)
@@ -135,68 +176,97 @@ def quantize_tq3_1_ref(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
         sd = np.sqrt(n2 / den)
         beyond = nz & ~(sd.astype(np.float32) < FP16_OVERFLOW)
     if beyond.any() and not saturate:   # the C kernel's checked entry point refuses these blocks too
-        raise range_error("TQ3_1", x, int(np.flatnonzero(beyond)[0]), QK)
+        raise range_error(name, x, int(np.flatnonzero(beyond)[0]), qk)
     d = _to_fp16(sd)
     keep = nz & ((d & 0x7FFF) != 0)
-    out = np.zeros((len(b), BLOCK_BYTES), dtype=np.uint8)
+    out = np.zeros((len(b), nbytes), dtype=np.uint8)
     out[:, 0:2] = d.astype("<u2").view(np.uint8).reshape(-1, 2)
-    h = ((idx >> 2).astype(np.uint32) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
-    out[:, 2:6] = h.astype("<u4").view(np.uint8).reshape(-1, 4)
-    lo = (idx & 3).astype(np.uint8)
-    out[:, 6:14] = lo[:, 0:8] | lo[:, 8:16] << 2 | lo[:, 16:24] << 4 | lo[:, 24:32] << 6
+    for g in range(per):
+        gi = idx[:, QK * g:QK * (g + 1)]
+        o = 2 + GROUP_BYTES * g
+        h = ((gi >> 2).astype(np.uint32) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+        out[:, o:o + 4] = h.astype("<u4").view(np.uint8).reshape(-1, 4)
+        lo = (gi & 3).astype(np.uint8)
+        out[:, o + 4:o + 12] = lo[:, 0:8] | lo[:, 8:16] << 2 | lo[:, 16:24] << 4 | lo[:, 24:32] << 6
     out[~keep] = 0
     return out.reshape(rows, -1)
 
 
-def _unpack(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[nb, 14] -> (fp16 scale as float32 [nb], indices uint8 [nb, 32])."""
+def _unpack(blocks: np.ndarray, per: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """[nb, block bytes] -> (fp16 scale as float32 [nb], indices uint8 [nb, 32 * per])."""
     d = blocks[:, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
-    h = blocks[:, 2:6].copy().view("<u4").reshape(-1, 1)
-    hi = ((h >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)
-    qs = blocks[:, 6:14]
-    lo = np.concatenate([(qs >> (2 * g)) & 3 for g in range(4)], axis=1)
-    return d, lo | hi << 2
+    groups = []
+    for g in range(per):
+        o = 2 + GROUP_BYTES * g
+        h = blocks[:, o:o + 4].copy().view("<u4").reshape(-1, 1)
+        hi = ((h >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)
+        qs = blocks[:, o + 4:o + 12]
+        groups.append(np.concatenate([(qs >> (2 * k)) & 3 for k in range(4)], axis=1) | hi << 2)
+    return d, np.concatenate(groups, axis=1)
 
 
-def dequantize_tq3_1_ref(data: np.ndarray) -> np.ndarray:
-    """numpy twin of dequantize_tq3_1: identical float32 values."""
-    data = _blocks_u8(data)
-    d, idx = _unpack(data.reshape(-1, BLOCK_BYTES))
+def dequantize_ref(data: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    """numpy twin of dequantize: identical float32 values."""
+    per, _, nbytes = _shape(name)
+    data = block_rows(data, name, nbytes)
+    d, idx = _unpack(data.reshape(-1, nbytes), per)
     with np.errstate(invalid="ignore", over="ignore"):
         x = d[:, None] * _L32[idx]
     x[d == 0] = 0.0
     return x.reshape(data.shape[0], -1)
 
 
-def vec_dot_tq3_1_q8_0_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """numpy twin of gqt_vec_dot_tq3_1_q8_0, one dot per row: identical float32 results."""
-    x = _blocks_u8(x)
-    nb = x.shape[1] // BLOCK_BYTES
-    y = np.asarray(y).view(np.uint8).reshape(len(x), nb, 34)
-    xb = x.reshape(len(x), nb, BLOCK_BYTES)
+def vec_dot_q8_0_ref(x: np.ndarray, y: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    """numpy twin of gqt_vec_dot_<name>_q8_0, one dot per row: identical float32 results."""
+    per, _, nbytes = _shape(name)
+    x = block_rows(x, name, nbytes)
+    nb = x.shape[1] // nbytes
+    y = np.asarray(y).view(np.uint8).reshape(len(x), nb * per, 34)
+    d, idx = _unpack(x.reshape(-1, nbytes), per)
+    d, idx = d.reshape(len(x), nb), idx.reshape(len(x), nb * per, QK)
     sumf = np.zeros(len(x), dtype=np.float32)
-    for b in range(nb):                       # blocks in order, like the C loop
-        dx, idx = _unpack(np.ascontiguousarray(xb[:, b]))
-        dy = y[:, b, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
-        isum = (LEVELS[idx].astype(np.int32) * y[:, b, 2:].view(np.int8).astype(np.int32)).sum(axis=1)
+    for g in range(nb * per):                 # groups in order, like the C loop
+        dx = d[:, g // per]
+        dy = y[:, g, 0:2].copy().view("<f2").reshape(-1).astype(np.float32)
+        isum = (LEVELS[idx[:, g]].astype(np.int32) * y[:, g, 2:].view(np.int8).astype(np.int32)).sum(axis=1)
         sumf = np.where(dx == 0, sumf, sumf + (dx * dy) * isum.astype(np.float32))
     return sumf
 
 
-def mad_tq3_1_ref(x: np.ndarray, acc: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """numpy twin of gqt_mad_tq3_1: acc + (s * d) * L[idx] in float32, in that order: identical values."""
-    x = _blocks_u8(x)
-    d, idx = _unpack(x.reshape(-1, BLOCK_BYTES))
+def mad_ref(x: np.ndarray, acc: np.ndarray, s: np.ndarray, name: str = "TQ3_1") -> np.ndarray:
+    """numpy twin of gqt_mad_<name>: acc + (s * d) * L[idx] in float32, in that order: identical values."""
+    per, _, nbytes = _shape(name)
+    x = block_rows(x, name, nbytes)
+    d, idx = _unpack(x.reshape(-1, nbytes), per)
     m = (np.asarray(s, np.float32).reshape(-1, 1) * d.reshape(len(x), -1)).reshape(-1, 1)
     with np.errstate(invalid="ignore", over="ignore"):
         v = (m * _L32[idx]).reshape(len(x), -1)
     return np.asarray(acc, np.float32).reshape(len(x), -1) + v
 
 
-def _quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:
-    if params:
-        raise GgufToolError(f"TQ3_1 takes no parameters (got {sorted(params)})")
-    return quantize_tq3_1(x, threads=threads)
+def quantize_tq3_1_ref(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
+    return quantize_ref(x, "TQ3_1", saturate=saturate)
 
 
-CODEC = register(TYPE, _quantize_codec, dequantize_tq3_1)
+def dequantize_tq3_1_ref(data: np.ndarray) -> np.ndarray:
+    return dequantize_ref(data, "TQ3_1")
+
+
+def vec_dot_tq3_1_q8_0_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return vec_dot_q8_0_ref(x, y, "TQ3_1")
+
+
+def mad_tq3_1_ref(x: np.ndarray, acc: np.ndarray, s: np.ndarray) -> np.ndarray:
+    return mad_ref(x, acc, s, "TQ3_1")
+
+
+def _codec(name: str):
+    def quantize_codec(x: np.ndarray, *, threads: int = 1, **params) -> np.ndarray:
+        if params:
+            raise GgufToolError(f"{name} takes no parameters (got {sorted(params)})")
+        return quantize(x, name, threads=threads)
+    return register(BY_NAME[name], quantize_codec, lambda data: dequantize(data, name))
+
+
+CODEC = _codec("TQ3_1")
+CODEC2 = _codec("TQ3_2")
