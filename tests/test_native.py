@@ -64,8 +64,9 @@ def _python_codec(name: str):
     from gguftool.quant import hqq, tq3, tq3_1
     if name == "TQ3_0":
         return tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref, tq3.quantize_tq3
-    if name == "TQ3_1":
-        return tq3_1.quantize_tq3_1_ref, tq3_1.dequantize_tq3_1_ref, tq3_1.quantize_tq3_1
+    if name in ("TQ3_1", "TQ3_2"):
+        return (lambda x: tq3_1.quantize_ref(x, name), lambda d: tq3_1.dequantize_ref(d, name),
+                lambda x: tq3_1.quantize(x, name))
     return (lambda x: hqq.quantize_hqq_ref(x, name), lambda d: hqq.dequantize_hqq_ref(d, name),
             lambda x: hqq.quantize_hqq(x, name))
 
@@ -106,7 +107,8 @@ def test_quantize_bytes_match_python(native, name, tmp_path, rng):
 def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
     from gguftool.quant import hqq, tq3, tq3_1
     twins = {"TQ3_0": (tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref),
-             "TQ3_1": (tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref)}
+             "TQ3_1": (tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref),
+             "TQ3_2": (lambda d: tq3_1.dequantize_ref(d, "TQ3_2"), lambda x, y: tq3_1.vec_dot_q8_0_ref(x, y, "TQ3_2"))}
     for trial in range(3):
         x = (rng.standard_normal(n) * 0.05 + (0.01 if trial == 1 else 0.0)).astype(np.float32)
         y = rng.standard_normal(n).astype(np.float32) * np.float32(3.0)
@@ -214,7 +216,7 @@ def test_stock_quantized_model_runs(kv_ppl):
 
 
 @pytest.mark.parametrize("k,v", [("q4_hqq", "q4_hqq"), ("tq3_0", "tq3_0"), ("tq3_0", "f16"), ("f16", "tq3_0"),
-                                 ("q4_hqq", "q8_0"), ("tq3_1", "tq3_1")])
+                                 ("q4_hqq", "q8_0"), ("tq3_1", "tq3_1"), ("tq3_2", "tq3_2")])
 def test_kv_cache_types_give_sane_perplexity(kv_ppl, k, v):
     base = kv_ppl("f16", "f16")
     ppl = kv_ppl(k, v)
