@@ -45,15 +45,19 @@ def test_gemma3_sliding_window_as_llama_cpp_allocates(gemma, capsys):
 
 
 @pytest.mark.native
-def test_sizes_equal_llama_cpp_allocation(gemma, smollm2):
-    """The cache llama.cpp itself reports allocating, for a mixed pair of ours and stock."""
+def test_sizes_equal_llama_cpp_allocation(gemma, smollm2, tmp_path):
+    """The cache llama.cpp itself reports allocating, for a mixed pair of ours and stock, and for a file's
+    per-layer K plan over sliding-window and global layers (Gemma 3: layer 5 is global)."""
     from gguftool.native import tools
+    from gguftool.pipeline import kvcalib
     try:
         exe = tools.tool("llama-completion")
     except GgufToolError as e:
         pytest.skip(e.message)
     from gguftool.io.reader import GGUFFile
-    for model, ctx in ((gemma, 8192), (smollm2, 1000)):
+    planned = tmp_path / "gemma-plan.gguf"
+    kvcalib.write(gemma, planned, kvcalib.plan_metadata({"k": kvplan.LayerPlan.parse("q8_0=4-6:q4_0,11:tq3_1")}), {})
+    for model, ctx in ((gemma, 8192), (smollm2, 1000), (planned, 8192)):
         r = subprocess.run([str(exe), "-m", str(model), "-c", str(ctx), "-n", "1", "-p", "Hi", "-ctk", "q8_0",
                             "-ctv", "tq3_1", "-fa", "on", "-t", "1", "-no-cnv", "--no-warmup", "-v"],
                            capture_output=True, text=True, timeout=600)
@@ -108,3 +112,75 @@ def test_sizes(text, n):
 def test_bad_size():
     with pytest.raises(GgufToolError, match="cannot read size"):
         parse_size("lots")
+
+
+# ---- per-layer plans (kv-calibrate --k-layers; docs/kv.md) ------------------------------------------
+
+@pytest.mark.parametrize("spec, rules", [
+    ("tq3_2=8-19:q4_0", ((8, 19, "q4_0"),)),
+    ("TQ3_2=3:q8_0, 10-12:iq4_nl", ((3, 3, "q8_0"), (10, 12, "iq4_nl"))),
+])
+def test_layer_plan_parses(spec, rules):
+    p = kvplan.LayerPlan.parse(spec, 30)
+    assert p.base == "tq3_2" and p.rules == rules
+    assert kvplan.LayerPlan.parse(f"tq3_2={p.spec}", 30) == p   # the stored spec reads back the same
+    assert p.type_of(rules[0][0], "tq3_2") == rules[0][2] and p.type_of(rules[0][0], "q4_0") == "q4_0"
+    assert p.type_of(29, "tq3_2") == "tq3_2"
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("8-19:q4_0", "expected BASE="), ("f16=1:q4_0", "expected BASE="), ("tq3_2=1:f16", "cannot use '1:f16'"),
+    ("tq3_2=19-8:q4_0", "cannot use '19-8:q4_0'"), ("tq3_2=28-30:q4_0", "layers 0-29"),
+    ("tq3_2=1:q4_0,x", "cannot use 'x'"), ("tq3_2=-1:q4_0", "cannot use '-1:q4_0'"),
+])
+def test_layer_plan_refuses(spec, says):
+    with pytest.raises(GgufToolError) as e:
+        kvplan.LayerPlan.parse(spec, 30)
+    assert says in e.value.message + (e.value.hint or "")
+
+
+def test_per_layer_sizes_by_hand():
+    """A plan changes only its layers, only for its own base type, sliding-window layers keep their cells."""
+    plan_ = kvplan.LayerPlan.parse("tq3_2=1-2:q4_0")
+    s = Shape(n_layer=4, n_head_kv=2, head_dim_k=64, head_dim_v=64, weights_bytes=0, swa_layers=2, swa_window=100,
+              swa_mask=(True, False, True, False), k_plan=plan_)
+    tq, q4 = 26 / 64, 18 / 32                                   # bytes per value
+    cell = {il: 2 * 64 * ((q4 if il in (1, 2) else tq) + tq) for il in range(4)}
+    assert bytes_per_token(s, "tq3_2", "tq3_2") == pytest.approx(sum(cell.values()))
+    assert kvplan.bits_per_value(s, "tq3_2", "tq3_2") == pytest.approx(8 * sum(cell.values()) / (4 * 2 * 128))
+    assert bytes_per_token(s, "q4_0", "tq3_2") == 4 * 2 * 64 * (q4 + tq)    # not the plan's base: uniform
+    swa_cells = 768                                             # pad256(100 + 512)
+    assert cache_bytes(s, "tq3_2", "tq3_2", 4096) == pytest.approx(
+        (cell[0] + cell[2]) * swa_cells + (cell[1] + cell[3]) * 4096)
+    assert kvplan.config_name(s, "tq3_2", "tq3_2") == "tq3_2/tq3_2 k[1-2:q4_0]"
+    assert kvplan.config_name(s, "q4_0", "tq3_2") == "q4_0/tq3_2"
+
+
+def test_kv_calibrate_refuses_a_bad_plan_before_any_work(smollm2, tmp_path, capsys):
+    out = tmp_path / "out.gguf"
+    assert main(["kv-calibrate", str(smollm2), str(out), "--k-layers", "tq3_2=25-30:q4_0"]) != 0
+    err = capsys.readouterr().err
+    assert "--k-layers" in err and "25-30:q4_0" in err and "layers 0-29" in err and not out.exists()
+
+
+def test_plan_stored_in_the_file_is_what_kv_plan_counts(smollm2, tmp_path, capsys):
+    from gguftool.pipeline import kvcalib
+    out = tmp_path / "plan.gguf"
+    lp = kvplan.LayerPlan.parse("tq3_2=8-19:q4_0", 30)
+    kvcalib.write(smollm2, out, kvcalib.plan_metadata({"k": lp}), {"test": "plan"})
+    rows = {r["pair"]: r for r in _plan_json(capsys, str(out), "--memory", "1GiB", "--ctx", "1024",
+                                             "--kv", "tq3_2", "--kv", "q4_0/tq3_2")["rows"]}
+    # SmolLM2: 30 layers x 3 KV heads x 64; K on 12 layers is q4_0 (18 B / 32), the rest and V tq3_2 (26 B / 64)
+    per_token = 3 * 64 * (12 * 18 / 32 + 18 * 26 / 64 + 30 * 26 / 64)
+    planned = rows["tq3_2/tq3_2 k[8-19:q4_0]"]
+    assert planned["bytes_per_token"] == pytest.approx(per_token)
+    assert planned["bits_per_value"] == pytest.approx(3.25 + 1.25 * 12 / 60)
+    assert rows["q4_0/tq3_2"]["bits_per_value"] == pytest.approx((4.5 + 3.25) / 2)
+    # calibrating again without --k-layers keeps the file's plan; a new --k-layers replaces it
+    again = tmp_path / "again.gguf"
+    kvcalib.write(out, again, kvcalib.plan_metadata({"k": kvplan.LayerPlan.parse("tq3_2=3:q8_0")}), {})
+    from gguftool.io.reader import GGUFFile
+    assert Shape.from_gguf(GGUFFile(again)).k_plan.spec == "3:q8_0"
+    kept = tmp_path / "kept.gguf"
+    kvcalib.write(out, kept, [], {})
+    assert Shape.from_gguf(GGUFFile(kept)).k_plan == lp

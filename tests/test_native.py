@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
 
 from gguftool import types as gtypes
 from gguftool.errors import GgufToolError
@@ -243,7 +244,7 @@ def test_tq3_1_leans_on_the_upstream_rotation(kv_ppl):
 
 def test_per_layer_cache_types(native, smollm2):
     """GGUFTOOL_KV_LAYERS_K (docs/kv.md): the named layers get that K type, the cache grows by exactly
-    their extra bytes, a quality that lies between the two uniform caches, and a bad spec is named."""
+    their extra bytes, a quality that lies between the two uniform caches, and a bad spec is named and unused."""
     def run(k: str, spec: str | None):
         cmd = [str(native.tool("llama-perplexity")), "-m", str(smollm2), "-f", str(TEXT), "-c", "256",
                "--chunks", "2", "-t", "2", "-b", "256", "-fa", "on", "-ctk", k, "-ctv", "tq3_1", "-v"]
@@ -255,10 +256,45 @@ def test_per_layer_cache_types(native, smollm2):
         return float(PPL_RE.search(out).group(1)), mib, out
     low, low_mib, _ = run("tq3_1", None)
     high, high_mib, _ = run("q8_0", None)
-    mixed, mixed_mib, out = run("tq3_1", "10-14:q8_0,bogus")
-    assert "layer 12 K cache: q8_0" in out and "ignoring 'bogus'" in out
+    mixed, mixed_mib, out = run("tq3_1", "10-14:q8_0")
+    assert "layer 12 K cache: q8_0" in out
+    _, bogus_mib, out = run("tq3_1", "10-14:q8_0,bogus")   # a spec with a bad item is refused whole
+    assert "ignoring 'bogus'" in out and bogus_mib == low_mib
     assert mixed_mib == pytest.approx(low_mib + (high_mib - low_mib) * 5 / 30, abs=0.01)
     assert high < mixed < low, (high, mixed, low)
+
+
+def test_per_layer_plan_stored_in_the_file(native, smollm2, tmp_path):
+    """kv-calibrate --k-layers' metadata: applied when the requested K type is the plan's, with a log line;
+    another -ctk, GGUFTOOL_KV_LAYERS_K=off and a malformed plan run uniform; the environment overrides it."""
+    from gguftool.pipeline import kvcalib
+    from gguftool.pipeline.kvplan import LayerPlan
+    planned, broken = tmp_path / "plan.gguf", tmp_path / "broken.gguf"
+    kvcalib.write(smollm2, planned, kvcalib.plan_metadata({"k": LayerPlan.parse("tq3_1=10-14:q8_0")}), {})
+    kvcalib.write(smollm2, broken, [("gguftool.kv_layers.k", "10-99:q8_0", GGUFValueType.STRING, None),
+                                    ("gguftool.kv_layers.k.for", "tq3_1", GGUFValueType.STRING, None)], {})
+
+    def k_mib(model, k: str, **env):
+        cmd = [str(native.tool("llama-perplexity")), "-m", str(model), "-f", str(TEXT), "-c", "256",
+               "--chunks", "1", "-t", "2", "-b", "256", "-fa", "on", "-ctk", k, "-ctv", "tq3_1", "-v"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-3000:]
+        return float(re.search(r"K \([a-z0-9_]+\): +([0-9.]+) MiB", out).group(1)), out
+
+    uniform, _ = k_mib(smollm2, "tq3_1")
+    high, _ = k_mib(smollm2, "q8_0")
+    mib, out = k_mib(planned, "tq3_1")
+    assert "layers 10-14:q8_0 from the file's plan" in out
+    assert mib == pytest.approx(uniform + (high - uniform) * 5 / 30, abs=0.01)
+    other, out = k_mib(planned, "q8_0")
+    assert other == high and "plan is for tq3_1; q8_0 runs on every layer" in out
+    off, out = k_mib(planned, "tq3_1", GGUFTOOL_KV_LAYERS_K="off")
+    assert off == uniform and "GGUFTOOL_KV_LAYERS_K=off" in out
+    env, out = k_mib(planned, "tq3_1", GGUFTOOL_KV_LAYERS_K="3:q8_0")
+    assert env == pytest.approx(uniform + (high - uniform) / 30, abs=0.01) and "layer 3 K cache: q8_0" in out
+    bad, out = k_mib(broken, "tq3_1")
+    assert bad == uniform and "gguftool.kv_layers.k: '10-99:q8_0'" in out
 
 
 def test_quantized_v_turns_flash_attention_on(native, smollm2):

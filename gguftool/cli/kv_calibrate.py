@@ -10,6 +10,7 @@ from .args import positive
 EXAMPLES = """examples:
   gguftool kv-calibrate model.gguf model-kv.gguf                 # the packaged Pride and Prejudice, 8 x 512 tokens
   gguftool kv-calibrate model.gguf model-kv.gguf --text my.txt --chunks 16
+  gguftool kv-calibrate model.gguf model-kv.gguf --k-layers tq3_2=8-19:q4_0   # -ctk tq3_2 keeps layers 8-19 at q4_0
   llama-perplexity -m model-kv.gguf -ctk q4_0 -ctv q4_0 ...     # our llama.cpp build applies it (gguftool native build)
 
 The output is the input with gguftool.kv_calib.* arrays added (tensors unchanged). Our llama.cpp
@@ -27,6 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--chunks", type=positive, default=8, help="chunks of --ctx tokens to measure (default 8)")
     p.add_argument("--ctx", type=positive, default=512, help="tokens per chunk (default 512)")
     p.add_argument("-t", "--threads", type=positive, default=2)
+    p.add_argument("--k-layers", metavar="BASE=FIRST[-LAST]:TYPE,...", default=None,
+                   help="store a per-layer K cache plan: when llama.cpp runs with -ctk BASE, the named layers use "
+                        "TYPE (our build; docs/kv.md, per-layer plans)")
+    p.add_argument("--v-layers", metavar="BASE=FIRST[-LAST]:TYPE,...", default=None,
+                   help="the same for the V cache (-ctv BASE)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -44,7 +50,9 @@ def run(args) -> int:
     text = args.text or default_text()
     if not text.is_file():
         raise GgufToolError(f"{text}: no such text file")
-    calib = kvcalib.run(args.model, args.output, text, chunks=args.chunks, ctx=args.ctx, threads=args.threads)
+    layers = kvcalib.layer_plans(args.model, k=args.k_layers, v=args.v_layers)
+    calib = kvcalib.run(args.model, args.output, text, chunks=args.chunks, ctx=args.ctx, threads=args.threads,
+                        layers=layers)
     rows = [{"layer": il, "alpha": c.alpha, "proxy_kl_q4_0": {"raw": c.kl_raw, **{str(a): v for a, v in c.kl.items()}},
              "gamma": c.gamma, "proxy_v_error_q4_0": {str(g): v for g, v in c.v_err.items()}}
             for il, c in sorted(calib.items())]
@@ -60,4 +68,6 @@ def run(args) -> int:
           f"{sum(1 for c in calib.values() if c.gamma > 0)} layers, V output error of a simulated q4_0 cache "
           f"{sum(c.v_err[0.0] for c in calib.values()) / len(rows):.2e} -> "
           f"{sum(c.v_err[c.gamma] for c in calib.values()) / len(rows):.2e}")
+    for side, plan in layers.items():
+        print(f"per-layer {side.upper()} plan: with -ct{side} {plan.base}, layers {plan.spec}")
     return 0

@@ -1,6 +1,7 @@
 """gguftool kv-plan: KV-cache size, longest context and measured quality per K/V pair; the best pair for a budget."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from ..errors import GgufToolError
@@ -64,7 +65,7 @@ def run(args) -> int:
     now = kvplan.best(rows, calibrated=shape.calibrated)
     cal = None if shape.calibrated else kvplan.best(rows, calibrated=True)
     if args.format == "json":
-        print(json.dumps({"shape": shape.__dict__, "memory": memory, "ctx": ctx, "rows": rows,
+        print(json.dumps({"shape": dataclasses.asdict(shape), "memory": memory, "ctx": ctx, "rows": rows,
                           "best": now and now["pair"], "best_after_kv_calibrate": cal and cal["pair"]}, indent=2))
         return 0
     models = list(kvplan.measured()["models"])
@@ -74,7 +75,12 @@ def run(args) -> int:
           + (f"; {shape.swa_layers} sliding-window layers ({shape.swa_window} tokens"
              + (", sized in full)" if args.swa_full else ")") if shape.swa_layers else "")
           + ("; kv-calibrated" if shape.calibrated else "; not kv-calibrated"))
-    head = f"{'K/V':<14}{'bits':>6}{'KiB/token':>10}{'max ctx':>10}"
+    for side, lp in (("k", shape.k_plan), ("v", shape.v_plan)):
+        if lp is not None:
+            print(f"the file plans {side.upper()} cache types: with -ct{side} {lp.base}, layers {lp.spec} "
+                  f"(GGUFTOOL_KV_LAYERS_{side.upper()}=off runs {lp.base} on every layer)")
+    w = max(14, *(len(r["pair"]) + 2 for r in rows))
+    head = f"{'K/V':<{w}}{'bits':>6}{'KiB/token':>10}{'max ctx':>10}"
     if ctx:
         head += f"{f'MiB@{ctx}':>12}"
     head += f"  {'KLD ' + '/'.join(m.split('-')[0].split()[0] for m in models):<18}{'class':<18}"
@@ -82,7 +88,7 @@ def run(args) -> int:
         head += "after kv-calibrate"
     print(head)
     for r in rows:
-        line = f"{r['pair']:<14}{r['bits_per_value']:>6.2f}{r['bytes_per_token'] / 1024:>10.2f}{r['max_context']:>10,}"
+        line = f"{r['pair']:<{w}}{r['bits_per_value']:>6.2f}{r['bytes_per_token'] / 1024:>10.2f}{r['max_context']:>10,}"
         if ctx:
             line += f"{r['kv_bytes_at_ctx'] / 2**20:>11.1f}{'' if r['fits'] else '!'}"
             line += " " if r["fits"] else ""

@@ -254,14 +254,15 @@ def edits() -> list[Edit]:
         Edit("src/CMakeLists.txt", "    llama-kv-cache.cpp\n", "    ../gguftool/gqt_kv_calib.cpp # gguftool\n"),
         Edit("src/llama-model.cpp", '#include "llama-model.h"\n', KV_CALIB_INCLUDE, count=1),
         Edit("src/llama-model.cpp", "bool llama_model_base::load_tensors(llama_model_loader & ml) {\n",
-             "    gqt_kv_calib_load(this, ml.metadata, hparams); // gguftool\n"),
+             "    gqt_kv_calib_load(this, ml.metadata, hparams); // gguftool\n"
+             "    gqt_kv_plan_load(this, ml.metadata, (int) hparams.n_layer_all); // gguftool\n"),
         Edit("src/llama-model.cpp", "llama_model::~llama_model() {\n", "    gqt_kv_calib_forget(this); // gguftool\n"),
         Edit("src/llama-kv-cache.cpp", '#include "llama-kv-cache.h"\n', KV_CALIB_INCLUDE, count=1),
         Edit("src/llama-kv-cache.cpp",
              "        ggml_tensor * k = has_k ? ggml_new_tensor_3d(ctx, type_k, n_embd_k_gqa, kv_size, n_stream) : nullptr;\n"
              "        ggml_tensor * v = has_v ? ggml_new_tensor_3d(ctx, type_v, n_embd_v_gqa, kv_size, n_stream) : nullptr;\n",
-             "        ggml_tensor * k = has_k ? ggml_new_tensor_3d(ctx, gqt_kv_layer_type(il, type_k, false), n_embd_k_gqa, kv_size, n_stream) : nullptr; // gguftool\n"
-             "        ggml_tensor * v = has_v ? ggml_new_tensor_3d(ctx, gqt_kv_layer_type(il, type_v, true), n_embd_v_gqa, kv_size, n_stream) : nullptr; // gguftool\n",
+             "        ggml_tensor * k = has_k ? ggml_new_tensor_3d(ctx, gqt_kv_layer_type(&model, il, type_k, false), n_embd_k_gqa, kv_size, n_stream) : nullptr; // gguftool\n"
+             "        ggml_tensor * v = has_v ? ggml_new_tensor_3d(ctx, gqt_kv_layer_type(&model, il, type_v, true), n_embd_v_gqa, kv_size, n_stream) : nullptr; // gguftool\n",
              where="replace"),
         Edit("src/llama-kv-cache.cpp", "        layers.push_back({ il, k, v, k_stream, v_stream, });\n",
              "        gqt_kv_calib_bind(k, &model, il); // gguftool\n"),

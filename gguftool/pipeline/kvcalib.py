@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf import quants as gq
 
 from ..errors import GgufToolError
+from .kvplan import LAYERS_KEY, LayerPlan
 
 META = "gguftool.kv_calib."
 VERSION = 1
@@ -254,7 +255,7 @@ def metadata(calib: dict[int, LayerCalib], text_name: str, tokens: int) -> list[
 
 
 def write(src_path: Path, out_path: Path, items, record: dict[str, str], shard: bool = False) -> None:
-    """`src_path` with the calibration keys added (tensors byte for byte), via a temporary file. A split
+    """`src_path` with the calibration keys (and per-layer plans) added, tensors byte for byte, via a temporary file. A split
     model becomes one file; with `shard`, only the first shard (which holds all the metadata) is rewritten."""
     from ..io.reader import GGUFFile
     from ..io.split import open_gguf
@@ -262,7 +263,8 @@ def write(src_path: Path, out_path: Path, items, record: dict[str, str], shard: 
     src = GGUFFile(src_path) if shard else open_gguf(src_path)
     check_output_path(out_path, src.paths)
     w = StreamingWriter(out_path, src.architecture)
-    w.copy_metadata(src, skip_prefixes=(META,))
+    planned = tuple(key for key, *_ in items if key.startswith(LAYERS_KEY) and not key.endswith(".for"))
+    w.copy_metadata(src, skip_prefixes=(META, *planned))   # a plan given anew replaces the file's
     for key, value, vtype, sub in items:
         w.add(key, value, vtype, sub)
     w.add_tool_record(record)
@@ -276,9 +278,26 @@ def write(src_path: Path, out_path: Path, items, record: dict[str, str], shard: 
         w.commit()
 
 
+def layer_plans(model: Path, *, k: str | None, v: str | None) -> dict[str, LayerPlan]:
+    """--k-layers / --v-layers checked against the model's layer count (before any work)."""
+    from ..io.split import open_gguf
+    from .kvplan import Shape
+    if not k and not v:
+        return {}
+    n_layer = Shape.from_gguf(open_gguf(model)).n_layer
+    return {side: LayerPlan.parse(spec, n_layer, what=f"--{side}-layers") for side, spec in (("k", k), ("v", v)) if spec}
+
+
+def plan_metadata(layers: dict[str, LayerPlan]) -> list[MetaItem]:
+    S = GGUFValueType.STRING
+    return [item for side, p in sorted(layers.items())
+            for item in ((LAYERS_KEY + side, p.spec, S, None), (LAYERS_KEY + side + ".for", p.base, S, None))]
+
+
 def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, threads: int = 2,
-        shard: bool = False) -> dict[int, LayerCalib]:
-    """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate` (shard: see write)."""
+        shard: bool = False, layers: dict[str, LayerPlan] | None = None) -> dict[int, LayerCalib]:
+    """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate` (shard: see write;
+    layers: per-layer cache plans to store, see layer_plans)."""
     from ..io.split import open_gguf
     from .progress import bar
     arch = open_gguf(model).architecture
@@ -288,5 +307,6 @@ def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, 
     tokens = next(iter(layers.values()))["K"].shape[0]
     with bar(len(layers), f"kv-calibrate {model.name}", unit="layer") as pb:
         calib = calibrate(layers, n_ctx, arch, pb)
-    write(model, out, metadata(calib, text.name, tokens), {"kv_calib.source": model.name}, shard=shard)
+    write(model, out, metadata(calib, text.name, tokens) + plan_metadata(layers or {}),
+          {"kv_calib.source": model.name}, shard=shard)
     return calib

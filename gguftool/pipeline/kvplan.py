@@ -3,7 +3,9 @@ measured quality of the pairs we know (gguftool/data/kv_measured.json, written b
 
 Sizes follow llama.cpp's allocation: n_head_kv * head_dim values of K and of V per layer and cell, each row
 in the cache type's blocks; the context is padded to 256 cells; a sliding-window layer (Gemma 3) holds
-pad256(min(ctx, window + n_ubatch)) cells unless llama.cpp runs with --swa-full.
+pad256(min(ctx, window + n_ubatch)) cells unless llama.cpp runs with --swa-full. A file's per-layer plan
+(`gguftool.kv_layers.k` / `.v`, written by `kv-calibrate --k-layers`) gives some layers another type when
+the requested cache type is the one the plan is for, as our llama.cpp build does (gqt_kv_calib.h).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ..types import CACHE_TYPES
 PAD = 256          # llama.cpp pads n_ctx and the SWA cache to 256 cells
 N_UBATCH = 512     # llama.cpp's default micro-batch, part of the SWA cache size
 CALIB_KEY = "gguftool.kv_calib."
+LAYERS_KEY = "gguftool.kv_layers."   # + "k" / "v" (the rules) and "k.for" / "v.for" (the requested type)
 MEASURED = Path(__file__).resolve().parent.parent / "data" / "kv_measured.json"
 # the pairs kv-plan lists when none are asked for: the stock ones and ours
 DEFAULT_PAIRS = ("f16/f16", "q8_0/q8_0", "q5_0/q5_0", "q8_0/q4_0", "q4_0/q4_0", "iq4_nl/iq4_nl",
@@ -29,6 +32,52 @@ DEFAULT_PAIRS = ("f16/f16", "q8_0/q8_0", "q5_0/q5_0", "q8_0/q4_0", "q4_0/q4_0", 
 
 def _pad(n: int) -> int:
     return -(-n // PAD) * PAD
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Other cache types for some layers when `base` is the requested type: "tq3_2=8-19:q4_0,3:q8_0"."""
+    base: str
+    rules: tuple[tuple[int, int, str], ...]
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{lo}-{hi}:{t}" if hi > lo else f"{lo}:{t}" for lo, hi, t in self.rules)
+
+    def type_of(self, il: int, requested: str) -> str:
+        if requested != self.base:
+            return requested
+        return next((t for lo, hi, t in self.rules if lo <= il <= hi), requested)
+
+    @classmethod
+    def parse(cls, text: str, n_layer: int | None = None, *, what: str = "--k-layers") -> LayerPlan:
+        """'BASE=FIRST[-LAST]:TYPE,...'; every type a quantized cache type, layers below n_layer."""
+        base, eq, rules = text.strip().lower().partition("=")
+        quantized = [t for t in CACHE_TYPES if t not in ("f32", "f16", "bf16")]
+        if not eq or base not in quantized:
+            raise GgufToolError(f"{what} {text!r}: expected BASE=FIRST[-LAST]:TYPE,... with BASE the quantized "
+                                "cache type the plan is for", f"for example tq3_2=8-19:q4_0; types: {', '.join(quantized)}")
+        out = []
+        for item in rules.split(","):
+            rng, colon, t = item.strip().partition(":")
+            lo, dash, hi = rng.partition("-")
+            ok = colon and lo.isdigit() and (not dash or hi.isdigit()) and t in quantized
+            lo_i, hi_i = (int(lo), int(hi) if dash else int(lo)) if ok else (0, -1)
+            if not ok or hi_i < lo_i or (n_layer is not None and hi_i >= n_layer):
+                limit = f", layers 0-{n_layer - 1}" if n_layer else ""
+                raise GgufToolError(f"{what} {text!r}: cannot use {item.strip()!r}",
+                                    f"each item is FIRST[-LAST]:TYPE with a quantized cache type{limit}")
+            out.append((lo_i, hi_i, t))
+        return cls(base, tuple(out))
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile | SplitGGUF, side: str, n_layer: int) -> LayerPlan | None:
+        rules, base = f.get(LAYERS_KEY + side), f.get(LAYERS_KEY + side + ".for")
+        if rules is None and base is None:
+            return None
+        if not isinstance(rules, str) or not isinstance(base, str):
+            raise GgufToolError(f"{f.path}: metadata {LAYERS_KEY}{side} and {LAYERS_KEY}{side}.for must both be strings")
+        return cls.parse(f"{base}={rules}", n_layer, what=f"{f.path}: metadata {LAYERS_KEY}{side}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +93,15 @@ class Shape:
     calibrated: bool = False
     n_vocab: int = 0
     n_embd: int = 0
+    swa_mask: tuple[bool, ...] = ()        # per layer, when swa_layers > 0 (else the first swa_layers)
+    k_plan: LayerPlan | None = None
+    v_plan: LayerPlan | None = None
+
+    def layer_types(self, type_k: str, type_v: str) -> list[tuple[str, str, bool]]:
+        """(K type, V type, sliding window?) of every layer for the requested cache types."""
+        mask = self.swa_mask or tuple(i < self.swa_layers for i in range(self.n_layer))
+        return [(self.k_plan.type_of(il, type_k) if self.k_plan else type_k,
+                 self.v_plan.type_of(il, type_v) if self.v_plan else type_v, mask[il]) for il in range(self.n_layer)]
 
     @property
     def compute_bytes(self) -> int:
@@ -72,20 +130,21 @@ class Shape:
         n_embd = need("embedding_length")
         k = need("attention.key_length") if f.get(f"{a}.attention.key_length") else n_embd // n_head
         v = need("attention.value_length") if f.get(f"{a}.attention.value_length") else n_embd // n_head
-        swa = window = 0
+        window, mask = 0, ()
         if f.get(f"{a}.attention.sliding_window"):
             window = need("attention.sliding_window")
             pattern = f.get(f"{a}.attention.sliding_window_pattern")
             if isinstance(pattern, list):
-                swa = sum(1 for x in pattern[:n_layer] if x)
+                mask = tuple(bool(pattern[i]) if i < len(pattern) else False for i in range(n_layer))
             elif a == "gemma3":
-                swa = sum(1 for i in range(n_layer) if (i + 1) % 6)   # llama.cpp: every 6th layer is global
+                mask = tuple(bool((i + 1) % 6) for i in range(n_layer))   # llama.cpp: every 6th layer is global
         ctx_train = f.get(f"{a}.context_length")
         emb = next((t for t in f.tensors if t.name == "token_embd.weight"), None)
         n_vocab = emb.shape[0] if emb is not None and len(emb.shape) == 2 else 0
-        return cls(n_layer, n_kv, k, v, sum(t.n_bytes for t in f.tensors), swa, window,
+        return cls(n_layer, n_kv, k, v, sum(t.n_bytes for t in f.tensors), sum(mask), window,
                    ctx_train if isinstance(ctx_train, int) and ctx_train > 0 else 0,
-                   any(key.startswith(CALIB_KEY) for key in f.fields), n_vocab, n_embd)
+                   any(key.startswith(CALIB_KEY) for key in f.fields), n_vocab, n_embd, mask,
+                   LayerPlan.from_gguf(f, "k", n_layer), LayerPlan.from_gguf(f, "v", n_layer))
 
 
 def _check(shape: Shape, type_k: str, type_v: str):
@@ -96,18 +155,31 @@ def _check(shape: Shape, type_k: str, type_v: str):
     return ck, cv
 
 
+def _cell_bytes(shape: Shape, type_k: str, type_v: str) -> list[tuple[float, bool]]:
+    """(bytes of one cell, sliding window?) per layer."""
+    out = []
+    for tk, tv, swa in shape.layer_types(type_k, type_v):
+        ck, cv = _check(shape, tk, tv)
+        out.append((shape.n_head_kv * (shape.head_dim_k * ck.bpw + shape.head_dim_v * cv.bpw) / 8, swa))
+    return out
+
+
 def bytes_per_token(shape: Shape, type_k: str, type_v: str) -> float:
     """Bytes one cell costs over all layers (what a full-context layer pays per token)."""
-    ck, cv = _check(shape, type_k, type_v)
-    return shape.n_layer * shape.n_head_kv * (shape.head_dim_k * ck.bpw + shape.head_dim_v * cv.bpw) / 8
+    return sum(b for b, _ in _cell_bytes(shape, type_k, type_v))
+
+
+def bits_per_value(shape: Shape, type_k: str, type_v: str) -> float:
+    """The average over every K and V value of every layer, as llama.cpp allocates them."""
+    values = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v)
+    return 8 * bytes_per_token(shape, type_k, type_v) / values
 
 
 def cache_bytes(shape: Shape, type_k: str, type_v: str, ctx: int, *, swa_full: bool = False) -> float:
     """The K/V cache llama.cpp allocates for a context of ctx tokens."""
-    per_layer_cell = bytes_per_token(shape, type_k, type_v) / shape.n_layer
     cells = _pad(ctx)
     swa_cells = cells if swa_full else min(cells, _pad(shape.swa_window + N_UBATCH))
-    return per_layer_cell * ((shape.n_layer - shape.swa_layers) * cells + shape.swa_layers * swa_cells)
+    return sum(b * (swa_cells if swa else cells) for b, swa in _cell_bytes(shape, type_k, type_v))
 
 
 def max_context(shape: Shape, type_k: str, type_v: str, budget: float, *, swa_full: bool = False) -> int:
@@ -139,12 +211,23 @@ def measured() -> dict:
     return json.loads(MEASURED.read_text())
 
 
-def quality(pair: str, calibrated: bool) -> dict[str, dict]:
-    """Measured PPL change and mean KLD of a pair on each model we measured, for a file with or without
-    the calibration (llama.cpp applies a file's calibration to every quantized cache type)."""
+def config_name(shape: Shape, k: str, v: str) -> str:
+    """'k/v', plus ' k[8-19:q4_0]' / ' v[...]' where the file's plan applies (the name kv_measured.json uses)."""
+    name = f"{k}/{v}"
+    for side, plan_, t in (("k", shape.k_plan, k), ("v", shape.v_plan, v)):
+        if plan_ is not None and plan_.base == t:
+            name += f" {side}[{plan_.spec.replace(',', ';')}]"
+    return name
+
+
+def quality(config: str, calibrated: bool) -> dict[str, dict]:
+    """Measured PPL change and mean KLD of a configuration ('k/v', or config_name's) on each model we
+    measured, for a file with or without the calibration (llama.cpp applies a file's calibration to every
+    quantized cache type)."""
+    pair, _, layers = config.partition(" ")
     k, v = parse_pair(pair)
     quantized = not (k in ("f16", "f32", "bf16") and v in ("f16", "f32", "bf16"))
-    key = ("cal:" if calibrated and quantized else "") + f"{k}/{v}"
+    key = ("cal:" if calibrated and quantized else "") + f"{k}/{v}" + (f" {layers}" if layers else "")
     out = {}
     for model, m in measured()["models"].items():
         r = m["rows"].get(key)
@@ -186,9 +269,9 @@ def plan(shape: Shape, memory: int, *, ctx: int | None = None, kv_only: bool = F
         ck, cv = codec(k), codec(v)
         if shape.head_dim_k % ck.block_size or shape.head_dim_v % cv.block_size:
             continue  # llama.cpp refuses a cache type whose block does not divide the head dim
-        dk, dv = shape.head_dim_k, shape.head_dim_v
-        now, cal = quality(f"{k}/{v}", shape.calibrated), quality(f"{k}/{v}", True)
-        row = {"pair": f"{k}/{v}", "bits_per_value": (ck.bpw * dk + cv.bpw * dv) / (dk + dv),
+        name = config_name(shape, k, v)
+        now, cal = quality(name, shape.calibrated), quality(name, True)
+        row = {"pair": name, "bits_per_value": bits_per_value(shape, k, v),
                "bytes_per_token": bytes_per_token(shape, k, v),
                "max_context": max_context(shape, k, v, budget, swa_full=swa_full),
                "vs_f16": bytes_per_token(shape, "f16", "f16") / bytes_per_token(shape, k, v),
@@ -216,11 +299,8 @@ def columns(model: Path, k: str, v: str, ctx: int) -> dict:
     """Bits per cached value and KV memory of a K/V cache pair, from the model's own metadata (validate's report)."""
     try:
         shape = Shape.from_gguf(open_gguf(str(model)))
-        bpt = bytes_per_token(shape, k, v)
-        mib = cache_bytes(shape, k, v, ctx) / 2**20
+        return {"bits_per_value": bits_per_value(shape, k, v), "kv_bytes_per_token": bytes_per_token(shape, k, v),
+                "kv_mib_at_ctx": cache_bytes(shape, k, v, ctx) / 2**20}
     except (GgufToolError, OSError, ValueError):
-        shape = bpt = mib = None
-    ck, cv = codec(k), codec(v)
-    dk, dv = (shape.head_dim_k, shape.head_dim_v) if shape else (1, 1)
-    return {"bits_per_value": (ck.bpw * dk + cv.bpw * dv) / (dk + dv), "kv_bytes_per_token": bpt,
-            "kv_mib_at_ctx": mib}
+        ck, cv = codec(k), codec(v)
+        return {"bits_per_value": (ck.bpw + cv.bpw) / 2, "kv_bytes_per_token": None, "kv_mib_at_ctx": None}

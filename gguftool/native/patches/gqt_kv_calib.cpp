@@ -37,6 +37,20 @@ std::mutex g_mutex;
 std::map<const llama_model *, model_calib *> g_models;
 std::map<const ggml_tensor *, binding> g_bindings;
 
+// per-layer cache types (gqt_kv_plan_load)
+struct layer_rule { int lo, hi; ggml_type type; };
+
+struct layer_plan {            // one side (K or V) of a file's plan
+    ggml_type base = GGML_TYPE_COUNT;   // the requested cache type it is for
+    std::string spec;
+    std::vector<layer_rule> rules;
+    bool logged = false;                // one log line per model and side
+};
+
+struct model_plan { layer_plan side[2]; };   // [0] K, [1] V
+
+std::map<const llama_model *, model_plan> g_plans;
+
 // the float32 array `key`, exactly n long and finite (positive if `positive`); empty when absent
 std::vector<float> read_array(const gguf_context * meta, const std::string & key, size_t n, bool positive) {
     const int64_t id = gguf_find_key(meta, key.c_str());
@@ -166,6 +180,7 @@ void gqt_kv_calib_forget(const llama_model * model) {
         delete it->second;
         g_models.erase(it);
     }
+    g_plans.erase(model);
 }
 
 void gqt_kv_calib_bind(const ggml_tensor * k_cache, const llama_model * model, int32_t il) {
@@ -204,11 +219,22 @@ ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_laye
     return ggml_add(ctx, out, c->out_mean);
 }
 
-ggml_type gqt_kv_layer_type(int32_t il, ggml_type t, bool is_v) {
-    const char * var = is_v ? "GGUFTOOL_KV_LAYERS_V" : "GGUFTOOL_KV_LAYERS_K";
-    const char * spec = getenv(var);
-    if (!spec || !ggml_is_quantized(t)) return t;   // the rotation follows the cache's own type
-    std::string s(spec);
+// ---- per-layer cache types -------------------------------------------------------------------
+
+namespace {
+
+
+ggml_type type_by_name(const std::string & name) {
+    for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+        const char * n = ggml_type_name((ggml_type) i);
+        if (n && ggml_type_size((ggml_type) i) > 0 && name == n) return (ggml_type) i;
+    }
+    return GGML_TYPE_COUNT;
+}
+
+// "10-19:q4_0,3:q8_0" -> rules; a malformed item throws (its text in the message)
+std::vector<layer_rule> parse_rules(const std::string & s, int n_layer) {
+    std::vector<layer_rule> out;
     for (size_t pos = 0; pos < s.size();) {
         size_t end = s.find(',', pos);
         if (end == std::string::npos) end = s.size();
@@ -217,20 +243,100 @@ ggml_type gqt_kv_layer_type(int32_t il, ggml_type t, bool is_v) {
         const size_t colon = item.find(':');
         int lo = -1, hi = -1, used = 0;
         const int got = colon == std::string::npos ? 0 : sscanf(item.c_str(), "%d%n-%d%n", &lo, &used, &hi, &used);
-        ggml_type found = GGML_TYPE_COUNT;
-        for (int i = 0; got > 0 && i < GGML_TYPE_COUNT; ++i) {
-            const char * n = ggml_type_name((ggml_type) i);
-            if (n && ggml_type_size((ggml_type) i) > 0 && item.compare(colon + 1, std::string::npos, n) == 0) found = (ggml_type) i;
-        }
-        if (got <= 0 || (size_t) used != colon || found == GGML_TYPE_COUNT) {
-            if (il == 0) LLAMA_LOG_WARN("gguftool: %s: ignoring '%s' (expected FIRST[-LAST]:TYPE)\n", var, item.c_str());
-            continue;
-        }
+        const ggml_type t = colon == std::string::npos ? GGML_TYPE_COUNT : type_by_name(item.substr(colon + 1));
         if (got == 1) hi = lo;
-        if (il >= lo && il <= hi) {
-            LLAMA_LOG_INFO("gguftool: layer %d %s cache: %s (%s)\n", il, is_v ? "V" : "K", ggml_type_name(found), var);
-            return found;
+        if (got <= 0 || (size_t) used != colon || t == GGML_TYPE_COUNT || !ggml_is_quantized(t) || lo < 0 || hi < lo ||
+            (n_layer > 0 && hi >= n_layer)) {
+            throw std::runtime_error("'" + item + "' (expected FIRST[-LAST]:TYPE, a quantized type, layers below " +
+                                     std::to_string(n_layer) + ")");
         }
+        out.push_back({ lo, hi, t });
+    }
+    return out;
+}
+
+ggml_type apply(const std::vector<layer_rule> & rules, int32_t il, ggml_type t) {
+    for (const layer_rule & r : rules) {
+        if (il >= r.lo && il <= r.hi) return r.type;
     }
     return t;
+}
+
+std::string read_string(const gguf_context * meta, const std::string & key) {
+    const int64_t id = gguf_find_key(meta, key.c_str());
+    if (id < 0) return {};
+    if (gguf_get_kv_type(meta, id) != GGUF_TYPE_STRING) throw std::runtime_error(key + " must be a string");
+    return gguf_get_val_str(meta, id);
+}
+
+}  // namespace
+
+void gqt_kv_plan_load(const llama_model * model, const gguf_context * meta, int n_layer) {
+    model_plan mp;
+    for (int side = 0; side < 2; ++side) {
+        const std::string key = std::string("gguftool.kv_layers.") + (side ? "v" : "k");
+        try {
+            layer_plan & p = mp.side[side];
+            p.spec = read_string(meta, key);
+            const std::string base = read_string(meta, key + ".for");
+            if (p.spec.empty() && base.empty()) continue;
+            p.base = type_by_name(base);
+            if (p.base == GGML_TYPE_COUNT || !ggml_is_quantized(p.base)) {
+                throw std::runtime_error(key + ".for = '" + base + "' is not a quantized cache type");
+            }
+            p.rules = parse_rules(p.spec, n_layer);
+            LLAMA_LOG_INFO("gguftool: the file plans %s cache types for -ct%c %s: %s\n", side ? "V" : "K",
+                           side ? 'v' : 'k', base.c_str(), p.spec.c_str());
+        } catch (const std::exception & e) {
+            LLAMA_LOG_WARN("gguftool: %s: %s; every layer uses the requested cache type\n", key.c_str(), e.what());
+            mp.side[side] = layer_plan();
+        }
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_plans[model] = mp;
+}
+
+ggml_type gqt_kv_layer_type(const llama_model * model, int32_t il, ggml_type t, bool is_v) {
+    const char * var = is_v ? "GGUFTOOL_KV_LAYERS_V" : "GGUFTOOL_KV_LAYERS_K";
+    const char * env = getenv(var);
+    if (!ggml_is_quantized(t)) return t;   // the graph's rotation follows the cache's own type
+    if (env && std::string(env) == "off") {
+        if (il == 0) LLAMA_LOG_INFO("gguftool: %s=off: every layer's %s cache is %s\n", var, is_v ? "V" : "K", ggml_type_name(t));
+        return t;
+    }
+    if (env && *env) {
+        try {
+            const ggml_type r = apply(parse_rules(env, 0), il, t);
+            if (r != t) LLAMA_LOG_INFO("gguftool: layer %d %s cache: %s (%s)\n", il, is_v ? "V" : "K", ggml_type_name(r), var);
+            return r;
+        } catch (const std::exception & e) {
+            if (il == 0) LLAMA_LOG_WARN("gguftool: %s: ignoring %s\n", var, e.what());
+            return t;
+        }
+    }
+    layer_plan p;
+    bool first = false;
+    {
+        std::lock_guard<std::mutex> lock(g_mutex);
+        auto it = g_plans.find(model);
+        if (it == g_plans.end()) return t;
+        layer_plan & stored = it->second.side[is_v ? 1 : 0];
+        first = !stored.logged;
+        stored.logged = true;
+        p = stored;
+    }
+    if (p.rules.empty()) return t;
+    if (t != p.base) {
+        if (first) {
+            LLAMA_LOG_INFO("gguftool: the file's %s cache plan is for %s; %s runs on every layer\n", is_v ? "V" : "K",
+                           ggml_type_name(p.base), ggml_type_name(t));
+        }
+        return t;
+    }
+    const ggml_type r = apply(p.rules, il, t);
+    if (first) {
+        LLAMA_LOG_INFO("gguftool: %s cache: %s, layers %s from the file's plan (%s=off runs %s everywhere)\n",
+                       is_v ? "V" : "K", ggml_type_name(t), p.spec.c_str(), var, ggml_type_name(t));
+    }
+    return r;
 }

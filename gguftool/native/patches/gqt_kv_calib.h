@@ -46,7 +46,13 @@ void gqt_kv_calib_apply_in(ggml_context * ctx, const gqt_kv_calib_layer * c, boo
 ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_layer * c, bool v_quantized,
                                      ggml_tensor * out);
 
-// Research knob (docs/kv.md, per-layer cache types): the cache type of layer il's K (is_v false) or
-// V cache is `t`, or, when `t` is quantized, the override GGUFTOOL_KV_LAYERS_K / _V gives for il
-// ("10-19:q4_0,3:q8_0": layer ranges and ggml type names, first match wins).
-ggml_type gqt_kv_layer_type(int32_t il, ggml_type t, bool is_v);
+// Per-layer cache types (docs/kv.md, "per-layer plans"). A file may plan, for one requested cache type,
+// other types on some layers: gguftool.kv_layers.k = "8-19:q4_0" with gguftool.kv_layers.k.for = "tq3_2"
+// (and .v / .v.for), written by `gguftool kv-calibrate --k-layers tq3_2=8-19:q4_0`. A malformed plan is
+// named in a warning and dropped.
+void gqt_kv_plan_load(const llama_model * model, const gguf_context * meta, int n_layer);
+
+// The cache type of layer il's K (is_v false) or V cache when `t` is requested: the file's plan when it
+// is for `t`; GGUFTOOL_KV_LAYERS_K / _V ("10-19:q4_0,3:q8_0", first match wins) override it for any
+// quantized `t`, and "off" turns both off. Only quantized caches change, so the rotation still applies.
+ggml_type gqt_kv_layer_type(const llama_model * model, int32_t il, ggml_type t, bool is_v);
