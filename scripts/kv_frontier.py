@@ -3,7 +3,8 @@
 
 Every configuration runs through the same native llama-perplexity, model, text and settings; the
 peer is the f16/f16 cache of the same run (its logits are the KLD base). A configuration is
-K/V cache types, `cal:` in front runs the calibrated file (`gguftool kv-calibrate`) instead.
+K/V cache types, `cal:` in front runs the calibrated file (`gguftool kv-calibrate`) instead, and
+` k[8-19:q4_0;3:q8_0]` / ` v[...]` after it gives those layers other types (GGUFTOOL_KV_LAYERS_K/_V).
 
     python scripts/kv_frontier.py --model smol.gguf --calibrated smol-cal.gguf \\
         --text /work/shared/data/emma.txt --chunks 40 \\
@@ -37,11 +38,26 @@ def bits(name: str) -> float:
     return 8.0 * size / block
 
 
-def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: list[str]) -> tuple[str, float]:
+def plan_bits(model: str, k: str, v: str, layers: dict[str, str]) -> float:
+    """Bits per value of a per-layer configuration, as llama.cpp allocates it (kv-plan's accounting)."""
+    import dataclasses
+
+    from gguftool.io.split import open_gguf
+    from gguftool.pipeline import kvplan
+    shape = kvplan.Shape.from_gguf(open_gguf(model))
+    plans = {f"{side}_plan": kvplan.LayerPlan.parse(f"{base}={layers[side]}", shape.n_layer) if side in layers else None
+             for side, base in (("k", k), ("v", v))}
+    return kvplan.bits_per_value(dataclasses.replace(shape, **plans), k, v)
+
+
+def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: list[str],
+               layers: dict[str, str] | None = None) -> tuple[str, float]:
     cmd = [binary, "-m", model, "-f", text, "-c", str(a.ctx), "-b", str(a.ctx), "--chunks", str(a.chunks),
            "-t", str(a.threads), "-fa", "on", "-ctk", k, "-ctv", v, *extra]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    # per-layer types only where the configuration names them (a file's own plan is off otherwise)
+    env = {**os.environ, **{f"GGUFTOOL_KV_LAYERS_{side.upper()}": (layers or {}).get(side, "off") for side in "kv"}}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-800:]}")
     return r.stdout + r.stderr, time.monotonic() - t0
@@ -132,15 +148,18 @@ def main() -> int:
                   f"{row['kld']:10.6f}  (kept)", flush=True)
             continue
         cal = cfg.startswith("cal:")
-        k, v = cfg.removeprefix("cal:").split("/")
+        pair, *plans = cfg.removeprefix("cal:").split(" ")
+        k, v = pair.split("/")
+        layers = {p[0]: p[2:-1].replace(";", ",") for p in plans}   # 'k[8-19:q4_0;3:q8_0]' -> k: 8-19:q4_0,3:q8_0
         model = a.calibrated if cal else a.model
         if cal and not model:
             raise SystemExit(f"{cfg}: give --calibrated")
-        out, sec = perplexity(binary, model, a.text, k, v, a, ["--kl-divergence-base", base, "--kl-divergence"])
+        out, sec = perplexity(binary, model, a.text, k, v, a, ["--kl-divergence-base", base, "--kl-divergence"], layers)
         ppl, kld = PPL_RE.search(out), KLD_RE.search(out)
         if not ppl or not kld:
             raise SystemExit(f"{cfg}: no PPL/KLD in the output:\n{out[-800:]}")
-        row = {"config": cfg, "bits": (bits(k) + bits(v)) / 2, "ppl": float(ppl.group(1)),
+        row = {"config": cfg, "bits": plan_bits(model, k, v, layers) if layers else (bits(k) + bits(v)) / 2,
+               "ppl": float(ppl.group(1)),
                "kld": float(kld.group(1)), "seconds": round(sec, 1)}
         rows.append(row)
         save()

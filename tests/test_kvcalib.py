@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,3 +184,38 @@ def test_quantize_with_a_calibrated_recipe_calibrates_the_output(smollm2, tmp_pa
     for t in g.tensors:   # the calibration adds metadata only
         assert np.array_equal(f.tensor(t.name).raw_rows(), t.raw_rows()), t.name
     assert not list(tmp_path.glob(".*kv-calibrate*"))
+
+
+@pytest.mark.native
+def test_kv_calibrate_chooses_the_layers_it_measured_best(smollm2, tmp_path, capsys):
+    """--k-layers BASE=auto:TYPE:N%: N% of the layers at TYPE, whole groups in the order of their measured
+    gain, stored in the file; the file then runs with lower KLD than the uniform cache the search measured."""
+    import json
+
+    from gguftool.cli import main
+    from gguftool.io.reader import GGUFFile
+    from gguftool.native import tools
+    from gguftool.pipeline.kvplan import Shape
+    try:
+        tools.tool("gguftool-kvdump")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"native build absent: {e}")
+    out = tmp_path / "auto.gguf"
+    assert main(["kv-calibrate", str(smollm2), str(out), "--chunks", "2", "--ctx", "256",
+                 "--k-layers", "tq3_2=auto:q4_0:40%", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"]["k"]
+    stored = Shape.from_gguf(GGUFFile(out)).k_plan
+    assert stored.base == "tq3_2" and stored.spec == plan["layers"]
+    chosen = {il for lo, hi, t in stored.rules for il in range(lo, hi + 1) if t == "q4_0"}
+    assert len(chosen) == 12                                    # 40% of 30 layers
+    gains = {tuple(map(int, g.split("-"))): v for g, v in plan["search"].items() if g != "kld_uniform"}
+    full = [g for g in gains if set(range(g[0], g[1] + 1)) <= chosen]
+    left = [g for g in gains if not set(range(g[0], g[1] + 1)) & chosen]
+    assert len(full) == 2 and min(gains[g] for g in full) >= max(gains[g] for g in left)
+    ref = tmp_path / "f16.kld"
+    text = Path(kvcalib.__file__).parent.parent / "data" / "pride_and_prejudice.txt"
+    kw = dict(chunks=2, ctx=256, threads=2)
+    kvcalib._kld(out, text, ref, "f16", "f16", make_ref=True, **kw)
+    # an empty variable is unset: the file's plan applies (the helper turns both plans off otherwise)
+    planned = kvcalib._kld(out, text, ref, "tq3_2", "tq3_2", env={"GGUFTOOL_KV_LAYERS_K": ""}, **kw)
+    assert planned < plan["search"]["kld_uniform"], (planned, plan["search"])

@@ -54,6 +54,10 @@ def test_recipe_caches_are_the_measured_picks():
     ('type = "Q4_0"\n[kv]\nk = "q4_0"\ncalibrate = "yes"\n', "calibrate must be true or false"),
     ('type = "Q4_0"\n[kv]\nk = "q9_0"\n', "'q9_0' is not a KV cache type"),
     ('type = "Q4_0"\nkv = 3\n', "[kv] must be a table"),
+    ('type = "Q4_0"\n[kv]\nk = "tq3_2"\nk_layers = "tq3_2=auto:q4_0:40%"\n', "needs calibrate = true"),
+    ('type = "Q4_0"\n[kv]\nk = "q4_0"\ncalibrate = true\nk_layers = "tq3_2=8-9:q8_0"\n', "is for 'tq3_2', but k = 'q4_0'"),
+    ('type = "Q4_0"\n[kv]\nk = "tq3_2"\ncalibrate = true\nk_layers = "tq3_2=auto:f16:4"\n', "quantized cache types"),
+    ('type = "Q4_0"\n[kv]\nk = "tq3_2"\ncalibrate = true\nk_layers = 12\n', "a kv-calibrate plan string"),
     ('description = "no type"\n', "missing `type`"),
     ('type = "Q4_0\n', "not valid TOML"),
 ])

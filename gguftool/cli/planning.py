@@ -281,15 +281,17 @@ def kv_calibrate(args, recipe, out: Path, shard: bool = False) -> None:
         return
     tmp = temporary_path(out, "kv-calibrate")
     try:
-        kvcalib.run(out, tmp, default_text(), threads=args.threads, shard=shard)
+        layers = kvcalib.layer_plans(out, k=recipe.kv_layers.get("k"), v=recipe.kv_layers.get("v"))
+        done = kvcalib.run(out, tmp, default_text(), threads=args.threads, shard=shard, layers=layers)
         os.replace(tmp, out)
     except GgufToolError as e:   # e.g. an encoder-only model: the weights are written, only the cache step fails
         warn(f"{out} is written without the KV calibration of recipe {recipe.name}: {e.message}")
         return
     finally:
         tmp.unlink(missing_ok=True)
+    plans = "".join(f"; with -ct{side} {p.base}, layers {p.spec}" for side, p in done.plans.items())
     print(f"{out}: kv-calibrated on {default_text().name} for its K/V cache "
-          f"{recipe.kv.get('k')}/{recipe.kv.get('v')} (recipe {recipe.name})")
+          f"{recipe.kv.get('k')}/{recipe.kv.get('v')} (recipe {recipe.name}){plans}")
 
 
 def quiet_gguf_logs() -> None:

@@ -15,11 +15,13 @@ together, so llama.cpp's K shift stays exact.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
@@ -278,14 +280,109 @@ def write(src_path: Path, out_path: Path, items, record: dict[str, str], shard: 
         w.commit()
 
 
-def layer_plans(model: Path, *, k: str | None, v: str | None) -> dict[str, LayerPlan]:
+@dataclass(frozen=True)
+class AutoPlan:
+    """'BASE=auto:TYPE:N' (or N%): measure which N layers gain most from TYPE, then store that plan."""
+    side: str
+    base: str
+    up: str
+    n: int
+
+
+def parse_plan(spec: str, n_layer: int | None, what: str) -> LayerPlan | AutoPlan:
+    """'BASE=FIRST[-LAST]:TYPE,...' or 'BASE=auto:TYPE:N[%]'; n_layer None checks the syntax and types only."""
+    base, _, rules = spec.strip().lower().partition("=")
+    if not rules.startswith("auto"):
+        return LayerPlan.parse(spec, n_layer, what=what)
+    _, up, count = (rules.split(":") + ["", ""])[:3]
+    try:
+        LayerPlan.parse(f"{base}=0:{up}", None, what=what)   # the same checks of both types
+    except GgufToolError:
+        raise GgufToolError(f"{what} {spec!r}: expected BASE=auto:TYPE:N[%] with quantized cache types BASE and TYPE",
+                            "for example tq3_2=auto:iq4_nl:40%") from None
+    num = count.removesuffix("%")
+    ok = num.replace(".", "", 1).isdigit() if count.endswith("%") else num.isdigit()
+    n = (round((n_layer or 100) * float(num) / 100) if count.endswith("%") else int(num)) if ok else -1
+    top = (n_layer or 10**6) - 1
+    if not 0 < n <= top:
+        raise GgufToolError(f"{what} {spec!r}: expected {base}=auto:{up}:N with N layers (or N%) between 1 "
+                            f"and {top}" if n_layer else f"{what} {spec!r}: expected {base}=auto:{up}:N or N%",
+                            f"for example {base}=auto:{up}:40%")
+    return AutoPlan("k", base, up, n)   # the side is set by the caller
+
+
+def layer_plans(model: Path, *, k: str | None, v: str | None) -> dict[str, LayerPlan | AutoPlan]:
     """--k-layers / --v-layers checked against the model's layer count (before any work)."""
     from ..io.split import open_gguf
     from .kvplan import Shape
     if not k and not v:
         return {}
     n_layer = Shape.from_gguf(open_gguf(model)).n_layer
-    return {side: LayerPlan.parse(spec, n_layer, what=f"--{side}-layers") for side, spec in (("k", k), ("v", v)) if spec}
+    out = {side: parse_plan(spec, n_layer, f"--{side}-layers") for side, spec in (("k", k), ("v", v)) if spec}
+    return {side: dataclasses.replace(p, side=side) if isinstance(p, AutoPlan) else p for side, p in out.items()}
+
+
+def _kld(model: Path, text: Path, ref: Path, k: str, v: str, *, chunks: int, ctx: int, threads: int,
+         env: dict[str, str] | None = None, make_ref: bool = False) -> float:
+    """Mean KLD of a K/V cache against `ref`'s f16-cache logits (written when make_ref)."""
+    import os
+
+    from ..native import tools
+    from ..validate.metrics import parse_kld
+    cmd = [str(tools.tool("llama-perplexity")), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
+           "--chunks", str(chunks), "-t", str(threads), "-fa", "on", "-ctk", k, "-ctv", v, "--kl-divergence-base", str(ref)]
+    if not make_ref:
+        cmd.append("--kl-divergence")
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GGUFTOOL_KV_LAYERS_K": "off",
+                                                                 "GGUFTOOL_KV_LAYERS_V": "off", **(env or {})})
+    got = None if make_ref or r.returncode else parse_kld(r.stdout + r.stderr)
+    if r.returncode or (not make_ref and got is None):
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise GgufToolError(f"llama-perplexity failed on {model} with -ctk {k} -ctv {v}: {' | '.join(tail)}")
+    return got["kld"] if got else 0.0
+
+
+def choose_layers(model: Path, text: Path, want: AutoPlan, *, chunks: int, ctx: int, threads: int,
+                  groups: int = 6) -> tuple[LayerPlan, dict[str, float]]:
+    """The want.n layers where want.up instead of want.base lowers the KLD most, measured: the layers in
+    `groups` contiguous groups, each group alone at want.up (both caches want.base otherwise), one native
+    llama-perplexity run per group on `text`; groups ranked by KLD gained per layer, filled in that order."""
+    from ..io.split import open_gguf
+    from .kvplan import Shape
+    from .progress import bar
+    n_layer = Shape.from_gguf(open_gguf(model)).n_layer
+    edges = [round(i * n_layer / groups) for i in range(groups + 1)]
+    spans = [(lo, hi - 1) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+    var = f"GGUFTOOL_KV_LAYERS_{want.side.upper()}"
+    kw = dict(chunks=chunks, ctx=ctx, threads=threads)
+    with tempfile.TemporaryDirectory(prefix="gguftool-kvplan-") as tmp, \
+            bar(len(spans) + 2, f"kv-calibrate: {want.side.upper()} layers for {want.up}", unit="run") as pb:
+        ref = Path(tmp) / "f16.kld"
+        _kld(model, text, ref, "f16", "f16", make_ref=True, **kw)
+        pb.update()
+        none = _kld(model, text, ref, want.base, want.base, **kw)
+        pb.update()
+        gain = {}
+        for lo, hi in spans:
+            gain[(lo, hi)] = (none - _kld(model, text, ref, want.base, want.base, env={var: f"{lo}-{hi}:{want.up}"}, **kw)) \
+                / (hi - lo + 1)
+            pb.update()
+    chosen: list[int] = []
+    for lo, hi in sorted(spans, key=lambda sp: -gain[sp]):
+        layers = list(range(lo, hi + 1))
+        if chosen and lo - 1 not in chosen:
+            layers.reverse()           # a partial group keeps to the side that touches what is chosen
+        chosen += layers[:want.n - len(chosen)]
+        if len(chosen) == want.n:
+            break
+    chosen.sort()
+    runs, start = [], chosen[0]
+    for a, b in zip(chosen, chosen[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}:{want.up}" if a > start else f"{start}:{want.up}")
+            start = b
+    report = {"kld_uniform": none, **{f"{lo}-{hi}": g for (lo, hi), g in gain.items()}}
+    return LayerPlan.parse(f"{want.base}={','.join(runs)}", n_layer), report
 
 
 def plan_metadata(layers: dict[str, LayerPlan]) -> list[MetaItem]:
@@ -294,19 +391,39 @@ def plan_metadata(layers: dict[str, LayerPlan]) -> list[MetaItem]:
             for item in ((LAYERS_KEY + side, p.spec, S, None), (LAYERS_KEY + side + ".for", p.base, S, None))]
 
 
+class Calibrated(NamedTuple):
+    layers: dict[int, LayerCalib]
+    plans: dict[str, LayerPlan]                  # per-layer cache plans stored, by side ("k", "v")
+    searches: dict[str, dict[str, float]]        # for each chosen plan: choose_layers' measurements
+
+
 def run(model: Path, out: Path, text: Path, *, chunks: int = 8, ctx: int = 512, threads: int = 2,
-        shard: bool = False, layers: dict[str, LayerPlan] | None = None) -> dict[int, LayerCalib]:
+        shard: bool = False, layers: dict[str, LayerPlan | AutoPlan] | None = None) -> Calibrated:
     """Measure on `text`, choose per layer, write `out`: the whole of `gguftool kv-calibrate` (shard: see write;
-    layers: per-layer cache plans to store, see layer_plans)."""
+    layers: per-layer cache plans to store, see layer_plans; an AutoPlan is measured on the calibrated file
+    and replaced by the LayerPlan it chose)."""
     from ..io.split import open_gguf
     from .progress import bar
     arch = open_gguf(model).architecture
     with tempfile.TemporaryDirectory(prefix="gguftool-kvdump-") as tmp:
         run_dump(model, text, Path(tmp), chunks=chunks, ctx=ctx, threads=threads)
-        layers, n_ctx = load_dump(Path(tmp))
-    tokens = next(iter(layers.values()))["K"].shape[0]
-    with bar(len(layers), f"kv-calibrate {model.name}", unit="layer") as pb:
-        calib = calibrate(layers, n_ctx, arch, pb)
-    write(model, out, metadata(calib, text.name, tokens) + plan_metadata(layers or {}),
-          {"kv_calib.source": model.name}, shard=shard)
-    return calib
+        layers_, n_ctx = load_dump(Path(tmp))
+    tokens = next(iter(layers_.values()))["K"].shape[0]
+    with bar(len(layers_), f"kv-calibrate {model.name}", unit="layer") as pb:
+        calib = calibrate(layers_, n_ctx, arch, pb)
+    items = metadata(calib, text.name, tokens)
+    record = {"kv_calib.source": model.name}
+    layers, searches = dict(layers or {}), {}
+    if any(isinstance(p, AutoPlan) for p in layers.values()):
+        # the search runs on the calibrated file: the calibration changes which layers are sensitive
+        with tempfile.TemporaryDirectory(prefix="gguftool-kvcal-", dir=out.resolve().parent) as tmp:
+            staged = Path(tmp) / "calibrated.gguf"
+            write(model, staged, items, record, shard=shard)
+            for side, want in layers.items():
+                if isinstance(want, AutoPlan):
+                    layers[side], searches[side] = choose_layers(staged, text, want, chunks=chunks, ctx=ctx,
+                                                                 threads=threads)
+            write(model, out, items + plan_metadata(layers), record, shard=shard)
+    else:
+        write(model, out, items + plan_metadata(layers), record, shard=shard)
+    return Calibrated(calib, layers, searches)

@@ -207,7 +207,8 @@ def parse_pair(spec: str) -> tuple[str, str]:
 
 @lru_cache(maxsize=1)
 def measured() -> dict:
-    """{model: {"f16_ppl", "rows": {config: {"ppl", "kld", "bits"}}}}; config 'cal:K/V' = kv-calibrated file."""
+    """{model: {"f16_ppl", "rows": {config: {"ppl", "kld", "bits"[, "f16_ppl", "q4_0_kld"]}}}}; config 'cal:K/V'
+    = kv-calibrated file, 'K/V k[8-19:q4_0]' = with that per-layer plan (config_name)."""
     return json.loads(MEASURED.read_text())
 
 
@@ -233,9 +234,10 @@ def quality(config: str, calibrated: bool) -> dict[str, dict]:
         r = m["rows"].get(key)
         if r is None and not quantized:
             r = {"ppl": m["f16_ppl"], "kld": 0.0}
-        if r is not None:
-            q4 = m["rows"]["q4_0/q4_0"]["kld"]
-            out[model] = {"dppl": 100 * (r["ppl"] / m["f16_ppl"] - 1), "kld": r["kld"], "vs_q4_0": r["kld"] / q4}
+        if r is not None:   # a row measured in a later run carries that run's own f16 and q4_0/q4_0 peers
+            q4 = r.get("q4_0_kld", m["rows"]["q4_0/q4_0"]["kld"])
+            out[model] = {"dppl": 100 * (r["ppl"] / r.get("f16_ppl", m["f16_ppl"]) - 1), "kld": r["kld"],
+                          "vs_q4_0": r["kld"] / q4}
     return out
 
 

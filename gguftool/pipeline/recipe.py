@@ -38,7 +38,7 @@ RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # source checkout
 TOP_KEYS = {"name", "description", "type", "output_type", "token_embedding_type", "pure", "allowed", "solver",
             "rules", "kv"}
 RULE_KEYS = {"pattern", "type", "solver"}
-KV_KEYS = {"k", "v", "calibrate"}
+KV_KEYS = {"k", "v", "calibrate", "k_layers", "v_layers"}
 SOLVERS = ("ref", "hqq")   # llama.cpp's reference quantizer, or HQQ (for Q4_1/Q5_1; our HQQ types need "hqq")
 
 
@@ -57,6 +57,7 @@ class Recipe:
     rules: list[Rule] = field(default_factory=list)
     kv: dict[str, str] = field(default_factory=dict)
     kv_calibrate: bool = False
+    kv_layers: dict[str, str] = field(default_factory=dict)   # side -> kv-calibrate --k-layers/--v-layers spec
 
     def options(self, base: Options) -> Options:
         """CLI options first (they override), then the recipe's."""
@@ -181,6 +182,16 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
     calibrate = kv.pop("calibrate", False)
     if not isinstance(calibrate, bool):
         raise GgufToolError(f"{where}: [kv] calibrate must be true or false, not {calibrate!r}")
+    layers = {side: kv.pop(f"{side}_layers") for side in "kv" if f"{side}_layers" in kv}
+    for side, spec in layers.items():
+        if not isinstance(spec, str) or not calibrate:
+            raise GgufToolError(f"{where}: [kv] {side}_layers = {spec!r}: a kv-calibrate plan string "
+                                "(e.g. \"tq3_2=auto:iq4_nl:40%\") that needs calibrate = true")
+        from .kvcalib import parse_plan
+        base = parse_plan(spec, None, f"{where}: [kv] {side}_layers").base
+        if base != str(kv.get(side, "")).lower():
+            raise GgufToolError(f"{where}: [kv] {side}_layers = {spec!r} is for {base!r}, but {side} = {kv.get(side)!r}",
+                                hint="a plan applies only when the cache runs its base type")
     for side, t in kv.items():
         if not isinstance(t, str) or t.lower() not in CACHE_TYPES:
             raise GgufToolError(f"{where}: [kv] {side} = {t!r} is not a KV cache type",
@@ -196,5 +207,5 @@ def parse(d: dict, path: Path, text: str = "") -> Recipe:
         allowed=[_type(f"{where}: allowed", t) for t in _value(where, "allowed", d.get("allowed", []), list)],
         solver=_solver(f"{where}: [solver]", _value(where, "solver", d.get("solver", {}), dict)),
         rules=rules, kv={k: str(v).lower() for k, v in kv.items()},
-        kv_calibrate=calibrate,
+        kv_calibrate=calibrate, kv_layers={side: spec.lower() for side, spec in layers.items()},
     )
