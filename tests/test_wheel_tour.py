@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gguftool.io.reader import GGUFFile
+from gguftool.pipeline.kvplan import Shape
 
 from .hfserver import FakeHub
 from .test_convert import tiny_checkpoint
@@ -102,6 +103,12 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     gt("kv-calibrate", smollm2, "smol-kv.gguf", "--chunks", "2")
     cal = GGUFFile(work / "smol-kv.gguf")
     assert np.asarray(cal.get("gguftool.kv_calib.blk.29.k_scale")).shape == (192,)
+    said = gt("kv-calibrate", smollm2, "smol-kv-plan.gguf", "--k-layers", "tq3_2=auto:iq4_nl:40%", "--chunks", "2")
+    planned = GGUFFile(work / "smol-kv-plan.gguf")
+    assert planned.get("gguftool.kv_layers.k.for") == "tq3_2"
+    assert f"layers {planned.get('gguftool.kv_layers.k')}" in said
+    rules = Shape.from_gguf(planned).k_plan.rules
+    assert sum(hi - lo + 1 for lo, hi, t in rules if t == "iq4_nl") == 12   # 40% of the 30 layers
 
     assert re.match(r"(reused cached build|built) in ", gt("native", "build", "-j", "2", timeout=3600))
     assert "cache:" in gt("native", "info")

@@ -302,7 +302,8 @@ def parse_plan(spec: str, n_layer: int | None, what: str) -> LayerPlan | AutoPla
                             "for example tq3_2=auto:iq4_nl:40%") from None
     num = count.removesuffix("%")
     ok = num.replace(".", "", 1).isdigit() if count.endswith("%") else num.isdigit()
-    n = (round((n_layer or 100) * float(num) / 100) if count.endswith("%") else int(num)) if ok else -1
+    # a share of the layers rounds down, so a plan sized for a bit budget stays within it
+    n = (int((n_layer or 100) * float(num) / 100 + 1e-9) if count.endswith("%") else int(num)) if ok else -1
     top = (n_layer or 10**6) - 1
     if not 0 < n <= top:
         raise GgufToolError(f"{what} {spec!r}: expected {base}=auto:{up}:N with N layers (or N%) between 1 "
@@ -376,13 +377,13 @@ def choose_layers(model: Path, text: Path, want: AutoPlan, *, chunks: int, ctx: 
         if len(chosen) == want.n:
             break
     chosen.sort()
-    runs, start = [], chosen[0]
+    rules, start = [], chosen[0]
     for a, b in zip(chosen, chosen[1:] + [None]):
-        if b != a + 1:
-            runs.append(f"{start}-{a}:{want.up}" if a > start else f"{start}:{want.up}")
+        if b != a + 1:   # the end of a run of consecutive layers
+            rules.append((start, a, want.up))
             start = b
     report = {"kld_uniform": none, **{f"{lo}-{hi}": g for (lo, hi), g in gain.items()}}
-    return LayerPlan.parse(f"{want.base}={','.join(runs)}", n_layer), report
+    return LayerPlan(want.base, tuple(rules)), report
 
 
 def plan_metadata(layers: dict[str, LayerPlan]) -> list[MetaItem]:
