@@ -84,12 +84,22 @@ def markdown(rows: list[dict], f16_ppl: float) -> str:
 
 
 def record(a, rows: list[dict], f16_ppl: float) -> None:
+    """Store the rows in kv_measured.json. Rows of another run (its f16 PPL differs) are added beside the
+    stored ones with that run's own peers (f16 PPL, stock q4_0/q4_0 KLD), never replacing a stored row."""
     from gguftool.pipeline import kvplan
     data = json.loads(kvplan.MEASURED.read_text()) if kvplan.MEASURED.is_file() else {"models": {}}
     data["how"] = (f"scripts/kv_frontier.py, {a.chunks} x {a.ctx} tokens of {Path(a.text).name}, flash attention, "
                    "upstream rotation on; cal: = the file after gguftool kv-calibrate (Pride and Prejudice)")
-    data["models"][a.record] = {"f16_ppl": f16_ppl, "rows": {
-        r["config"]: {"bits": r["bits"], "ppl": r["ppl"], "kld": r["kld"]} for r in rows if r["config"] != "f16/f16"}}
+    entry = data["models"].setdefault(a.record, {"f16_ppl": f16_ppl, "rows": {}})
+    own = abs(entry["f16_ppl"] - f16_ppl) > 1e-9
+    q4 = {r["config"]: r["kld"] for r in rows}.get("q4_0/q4_0")
+    if own and q4 is None:
+        raise SystemExit(f"{a.record}: stored rows come from another run; measure q4_0/q4_0 too (the peer)")
+    for r in rows:
+        if r["config"] == "f16/f16" or (own and r["config"] in entry["rows"]):
+            continue
+        entry["rows"][r["config"]] = {"bits": r["bits"], "ppl": r["ppl"], "kld": r["kld"],
+                                      **({"f16_ppl": f16_ppl, "q4_0_kld": q4} if own else {})}
     kvplan.MEASURED.write_text(json.dumps(data, indent=1) + "\n")
 
 
