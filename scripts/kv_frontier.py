@@ -38,16 +38,18 @@ def bits(name: str) -> float:
     return 8.0 * size / block
 
 
-def plan_bits(model: str, k: str, v: str, layers: dict[str, str]) -> float:
-    """Bits per value of a per-layer configuration, as llama.cpp allocates it (kv-plan's accounting)."""
+def plan_bits(model: str, k: str, v: str, layers: dict[str, str], ctx: int | None) -> float:
+    """Bits per value of a per-layer configuration as llama.cpp allocates it at ctx tokens (kv-plan's
+    accounting; None: the trained context, where full-context layers outweigh sliding-window ones)."""
     import dataclasses
 
     from gguftool.io.split import open_gguf
     from gguftool.pipeline import kvplan
     shape = kvplan.Shape.from_gguf(open_gguf(model))
+    ctx = ctx or shape.n_ctx_train
     plans = {f"{side}_plan": kvplan.LayerPlan.parse(f"{base}={layers[side]}", shape.n_layer) if side in layers else None
              for side, base in (("k", k), ("v", v))}
-    return kvplan.bits_per_value(dataclasses.replace(shape, **plans), k, v)
+    return kvplan.bits_per_value(dataclasses.replace(shape, **plans), k, v, ctx)
 
 
 def perplexity(binary: str, model: str, text: str, k: str, v: str, a, extra: list[str],
@@ -168,7 +170,8 @@ def main() -> int:
         ppl, kld = PPL_RE.search(out), KLD_RE.search(out)
         if not ppl or not kld:
             raise SystemExit(f"{cfg}: no PPL/KLD in the output:\n{out[-800:]}")
-        row = {"config": cfg, "bits": plan_bits(model, k, v, layers) if layers else (bits(k) + bits(v)) / 2,
+        row = {"config": cfg, "bits": plan_bits(model, k, v, layers, a.ctx) if layers else (bits(k) + bits(v)) / 2,
+               **({"bits_trained_ctx": round(plan_bits(model, k, v, layers, None), 3)} if layers else {}),
                "ppl": float(ppl.group(1)),
                "kld": float(kld.group(1)), "seconds": round(sec, 1)}
         rows.append(row)

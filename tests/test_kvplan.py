@@ -1,4 +1,5 @@
 """kv-plan against hand computation from the models' published shapes and llama.cpp's own allocation."""
+import dataclasses
 import json
 import re
 import subprocess
@@ -152,6 +153,17 @@ def test_per_layer_sizes_by_hand():
     swa_cells = 768                                             # pad256(100 + 512)
     assert cache_bytes(s, "tq3_2", "tq3_2", 4096) == pytest.approx(
         (cell[0] + cell[2]) * swa_cells + (cell[1] + cell[3]) * 4096)
+    # within the window every layer holds every token: the per-token average; at 4096 tokens full-context
+    # layers weigh more, so upgrading one (layer 1) costs more than its share and a sliding one (2) less
+    f16_cell = 2 * 128 * 2
+    assert kvplan.bits_per_value(s, "tq3_2", "tq3_2", 256) == pytest.approx(kvplan.bits_per_value(s, "tq3_2", "tq3_2"))
+    at_4096 = 16 * ((cell[0] + cell[2]) * swa_cells + (cell[1] + cell[3]) * 4096) / ((2 * swa_cells + 2 * 4096) * f16_cell)
+    assert kvplan.bits_per_value(s, "tq3_2", "tq3_2", 4096) == pytest.approx(at_4096)
+    full, sliding = (dataclasses.replace(s, k_plan=kvplan.LayerPlan.parse(f"tq3_2={il}:q4_0")) for il in (1, 2))
+    per_token = kvplan.bits_per_value(full, "tq3_2", "tq3_2")
+    assert kvplan.bits_per_value(sliding, "tq3_2", "tq3_2") == pytest.approx(per_token)
+    assert kvplan.bits_per_value(full, "tq3_2", "tq3_2", 4096) > per_token > \
+        kvplan.bits_per_value(sliding, "tq3_2", "tq3_2", 4096)
     assert kvplan.config_name(s, "tq3_2", "tq3_2") == "tq3_2/tq3_2 k[1-2:q4_0]"
     assert kvplan.config_name(s, "q4_0", "tq3_2") == "q4_0/tq3_2"
 

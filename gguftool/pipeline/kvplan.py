@@ -27,7 +27,7 @@ LAYERS_KEY = "gguftool.kv_layers."   # + "k" / "v" (the rules) and "k.for" / "v.
 MEASURED = Path(__file__).resolve().parent.parent / "data" / "kv_measured.json"
 # the pairs kv-plan lists when none are asked for: the stock ones and ours
 DEFAULT_PAIRS = ("f16/f16", "q8_0/q8_0", "q5_0/q5_0", "q8_0/q4_0", "q4_0/q4_0", "iq4_nl/iq4_nl",
-                 "q5_0/tq3_1", "q4_0/tq3_1", "tq3_1/tq3_1")
+                 "q5_0/tq3_1", "q4_0/tq3_1", "tq3_1/tq3_1", "tq3_2/tq3_2")
 
 
 def _pad(n: int) -> int:
@@ -169,8 +169,13 @@ def bytes_per_token(shape: Shape, type_k: str, type_v: str) -> float:
     return sum(b for b, _ in _cell_bytes(shape, type_k, type_v))
 
 
-def bits_per_value(shape: Shape, type_k: str, type_v: str) -> float:
-    """The average over every K and V value of every layer, as llama.cpp allocates them."""
+def bits_per_value(shape: Shape, type_k: str, type_v: str, ctx: int | None = None, *, swa_full: bool = False) -> float:
+    """The average over every K and V value of every layer, as llama.cpp allocates them: per token of a layer
+    that holds the whole context, or at ctx tokens, where sliding-window layers hold fewer (a per-layer plan
+    that upgrades full-context layers then costs more than its share of layers)."""
+    if ctx:
+        return 16 * cache_bytes(shape, type_k, type_v, ctx, swa_full=swa_full) / \
+            cache_bytes(shape, "f16", "f16", ctx, swa_full=swa_full)
     values = shape.n_layer * shape.n_head_kv * (shape.head_dim_k + shape.head_dim_v)
     return 8 * bytes_per_token(shape, type_k, type_v) / values
 
@@ -273,7 +278,7 @@ def plan(shape: Shape, memory: int, *, ctx: int | None = None, kv_only: bool = F
             continue  # llama.cpp refuses a cache type whose block does not divide the head dim
         name = config_name(shape, k, v)
         now, cal = quality(name, shape.calibrated), quality(name, True)
-        row = {"pair": name, "bits_per_value": bits_per_value(shape, k, v),
+        row = {"pair": name, "bits_per_value": bits_per_value(shape, k, v, ctx, swa_full=swa_full),
                "bytes_per_token": bytes_per_token(shape, k, v),
                "max_context": max_context(shape, k, v, budget, swa_full=swa_full),
                "vs_f16": bytes_per_token(shape, "f16", "f16") / bytes_per_token(shape, k, v),
@@ -301,7 +306,7 @@ def columns(model: Path, k: str, v: str, ctx: int) -> dict:
     """Bits per cached value and KV memory of a K/V cache pair, from the model's own metadata (validate's report)."""
     try:
         shape = Shape.from_gguf(open_gguf(str(model)))
-        return {"bits_per_value": bits_per_value(shape, k, v), "kv_bytes_per_token": bytes_per_token(shape, k, v),
+        return {"bits_per_value": bits_per_value(shape, k, v, ctx), "kv_bytes_per_token": bytes_per_token(shape, k, v),
                 "kv_mib_at_ctx": cache_bytes(shape, k, v, ctx) / 2**20}
     except (GgufToolError, OSError, ValueError):
         ck, cv = codec(k), codec(v)
