@@ -219,3 +219,38 @@ def test_kv_calibrate_chooses_the_layers_it_measured_best(smollm2, tmp_path, cap
     # an empty variable is unset: the file's plan applies (the helper turns both plans off otherwise)
     planned = kvcalib._kld(out, text, ref, "tq3_2", "tq3_2", env={"GGUFTOOL_KV_LAYERS_K": ""}, **kw)
     assert planned < plan["search"]["kld_uniform"], (planned, plan["search"])
+
+
+def test_auto_plan_keeps_its_bit_budget_at_the_trained_context(gemma, smollm2, monkeypatch):
+    """With sliding-window attention a full-context layer holds every token: the fill skips one that would
+    put the cache over the plan's share at the trained context (Gemma 3: layers 5, 11, 17 hold 32768 cells,
+    the others 1024), and takes the next best instead; without it (SmolLM2) the ranking alone decides."""
+    import dataclasses
+
+    from gguftool.io.reader import GGUFFile
+    from gguftool.pipeline.kvplan import Shape, bits_per_value
+
+    # Gemma's measured gains per layer, groups of 3 (docs/kv.md): 3-5 > 9-11 > 6-8 > 0-2 > 15-17 > 12-14
+    gain = {"3-5": .0046, "9-11": .0021, "6-8": .00177, "0-2": .00119, "15-17": .00107, "12-14": .00105,
+            "0-4": .00147, "5-9": .00091, "10-14": .00295, "15-19": .00347, "20-24": .0012, "25-29": .00083}
+
+    def fake_kld(model, text, ref, k, v, *, env=None, make_ref=False, **kw):
+        group = (env or {}).get("GGUFTOOL_KV_LAYERS_K", "").partition(":")[0]
+        n = int(group.split("-")[1]) - int(group.split("-")[0]) + 1 if group else 0
+        return 0.1 - n * gain.get(group, 0.0)
+    monkeypatch.setattr(kvcalib, "_kld", fake_kld)
+    want = kvcalib.AutoPlan("k", "tq3_2", "iq4_nl", 7)
+    got, report = kvcalib.choose_layers(gemma, gemma, want, chunks=1, ctx=256, threads=1)
+    # 3, 4, 5 (one full-context layer: 29% of the cache at 32k), 11 skipped (a second would be 58% > 7/18),
+    # 10, 9, then 6, 7 from the third group
+    assert got.spec == "3-7:iq4_nl,9-10:iq4_nl" and report["3-5"] == pytest.approx(.0046)
+    shape = Shape.from_gguf(GGUFFile(gemma))
+    planned = dataclasses.replace(shape, k_plan=got)
+    short = bits_per_value(planned, "tq3_2", "tq3_2")
+    assert bits_per_value(planned, "tq3_2", "tq3_2", shape.n_ctx_train) <= short
+    greedy = dataclasses.replace(shape, k_plan=kvcalib.LayerPlan.parse("tq3_2=3-6:iq4_nl,9-11:iq4_nl"))
+    assert bits_per_value(greedy, "tq3_2", "tq3_2", shape.n_ctx_train) > short + 0.1   # what it avoids
+
+    got, _ = kvcalib.choose_layers(smollm2, smollm2, kvcalib.AutoPlan("k", "tq3_2", "iq4_nl", 12),
+                                   chunks=1, ctx=256, threads=1)
+    assert got.spec == "3-4:iq4_nl,10-19:iq4_nl"   # 15-19, 10-14, then 0-4 from its end (next to nothing chosen)
