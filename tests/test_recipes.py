@@ -24,23 +24,43 @@ def test_shipped_recipes_load(name):
             HQQParams.make(**params)   # raises on an unknown parameter or a value out of range
 
 
+def measured_row(rows: dict, r: recipe.Recipe) -> dict:
+    """The kv_measured.json row of a recipe's cache: its K/V pair, or for an auto K plan (chosen per model by
+    kv-calibrate) the one measured plan of that pair whose upgraded layers all have the plan's type."""
+    from gguftool.pipeline import kvcalib
+    pair = f"cal:{r.kv['k']}/{r.kv['v']}"
+    if "k" not in r.kv_layers:
+        return rows[pair]
+    auto = kvcalib.parse_plan(r.kv_layers["k"], None, "k_layers")
+    assert isinstance(auto, kvcalib.AutoPlan) and auto.base == r.kv["k"]
+    found = [row for key, row in rows.items() if key.startswith(pair + " k[")
+             and {rule.split(":")[1] for rule in key[len(pair) + 3:-1].split(";")} == {auto.up}]
+    assert len(found) == 1, (pair, auto, sorted(rows))
+    return found[0]
+
+
 def test_recipe_caches_are_the_measured_picks():
-    """phone-small and max-compression carry the K/V pairs docs/kv.md measured (gguftool/data/kv_measured.json):
-    each is calibrated, within its bits, and below stock q4_0/q4_0 in KLD on both models where claimed."""
+    """phone-small and max-compression carry the K/V configurations docs/kv.md measured
+    (gguftool/data/kv_measured.json): each is calibrated, within its bits, and against stock q4_0/q4_0
+    (measured in the same run) where claimed: goal 2 for phone-small, goal 1 for max-compression."""
     from gguftool.pipeline import kvplan
     models = kvplan.measured()["models"]
     for name, max_bits in (("phone-small", 4.5), ("max-compression", 3.5)):
         r = recipe.load(name)
-        pair = f"cal:{r.kv['k']}/{r.kv['v']}"
         assert r.kv_calibrate
-        for m in models.values():
-            row = m["rows"][pair]
+        for model, m in models.items():
+            row = measured_row(m["rows"], r)
+            f16_ppl, stock = row.get("f16_ppl", m["f16_ppl"]), row.get("q4_0_kld", m["rows"]["q4_0/q4_0"]["kld"])
             assert row["bits"] <= max_bits
             if name == "phone-small":   # goal 2: PPL within +2% (SmolLM2) / +3% (Gemma 3) of the f16 cache
-                assert row["ppl"] / m["f16_ppl"] - 1 < 0.03 and row["kld"] < m["rows"]["q4_0/q4_0"]["kld"]
-    gemma = next(m for k, m in models.items() if k.lower().startswith("gemma"))
-    mc = recipe.load("max-compression")
-    assert gemma["rows"][f"cal:{mc.kv['k']}/{mc.kv['v']}"]["kld"] < gemma["rows"]["q4_0/q4_0"]["kld"]   # goal 1
+                assert row["ppl"] / f16_ppl - 1 < 0.03 and row["kld"] < stock
+            else:   # goal 1's pick: the best measured configuration within 3.5 bits
+                small = [x["kld"] for x in m["rows"].values() if x["bits"] <= max_bits]
+                assert row["kld"] == min(small), (model, row, small)
+                if model.lower().startswith("gemma"):   # goal 1 met on Gemma 3
+                    assert row["kld"] < stock, (model, row, stock)
+                else:                                   # SmolLM2: 1.10x stock q4_0/q4_0 (docs/kv.md)
+                    assert row["kld"] < 1.15 * stock, (model, row, stock)
 
 
 @pytest.mark.parametrize("body, message", [

@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="GGUF model file")
     p.add_argument("--target", default="local", help="local | qemu-arm64 | adb | adb:SERIAL (default local)")
     p.add_argument("--kv", action="append", metavar="K[/V]",
-                   help="a KV cache configuration, repeatable (default: f16, q8_0, q4_0, q5_0/tq3_1, tq3_1)")
+                   help="a KV cache configuration, repeatable (default: f16, q8_0, q4_0, q5_0/tq3_1, tq3_2; "
+                        "a file's per-layer plan applies to its type)")
     p.add_argument("--isolate", action="store_true", help="K-only, V-only and both for each --types cache type")
     p.add_argument("--types", default="f16,q8_0,q4_0,q5_0,tq3_1",
                    help="cache types of the --isolate matrix (default: %(default)s)")
