@@ -160,6 +160,152 @@ def _calib_in(mctx: str) -> str:
         "    }\n")
 
 
+
+_FA_SPLIT = """\
+// gguftool: [*ic0, *ic1) = thread ith's share of the keys row 0 of the mask leaves (decode: one query row);
+// the even split of the cells stands when there is no mask or it differs between heads
+static void gqt_fa_split(const ggml_tensor * mask, int64_t nek1, int ith, int nth, int64_t * ic0, int64_t * ic1) {
+    if (!mask || mask->type != GGML_TYPE_F16 || mask->ne[2] != 1 || mask->ne[3] != 1) {
+        return;
+    }
+    const ggml_fp16_t * mp = (const ggml_fp16_t *) mask->data;
+    const ggml_fp16_t ninf = GGML_CPU_FP32_TO_FP16(-INFINITY);
+    int64_t n = 0;
+    for (int64_t ic = 0; ic < nek1; ++ic) {
+        n += mp[ic] != ninf;
+    }
+    // shares rounded up: thread 0 holds a key whenever one is left, and its range starts at cell 0, where
+    // the attention sinks are added
+    const int64_t lo = (n * ith + nth - 1) / nth, hi = (n * (ith + 1) + nth - 1) / nth;
+    *ic0 = *ic1 = nek1;
+    for (int64_t ic = 0, seen = 0; ic < nek1 && lo < hi; ++ic) {
+        if (mp[ic] == ninf) {
+            continue;
+        }
+        if (seen == lo) {
+            *ic0 = ith == 0 ? 0 : ic;
+        }
+        if (++seen == hi) {
+            *ic1 = ic + 1;
+            break;
+        }
+    }
+}
+
+// gguftool: decode with grouped-query attention reads each quantized V row once for all the query heads
+// that share it (to_float, then one f32 mad per head), where upstream's chunk code decodes the row once
+// per head; a TQ3 K row likewise (decoded by table look-up, dotted with each head's exact f32 query),
+// while other K types keep their own vec_dot with the query in their dot type, quantized once per call
+// (their decode is scalar C and costs more than the dots: q5_0 and iq4_nl keys ran 1.3x slower decoded).
+// false: not this case, the caller runs upstream's code.
+static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor * dst, int64_t ic0, int64_t ic1,
+                           float * partials, int64_t partial_stride) {
+    static const bool off = getenv("GGUFTOOL_FA_GROUPED") && atoi(getenv("GGUFTOOL_FA_GROUPED")) == 0;
+    const ggml_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const ggml_tensor * mask = dst->src[3], * sinks = dst->src[4];
+    const int64_t DK = k->ne[0], DV = v->ne[0], nh = q->ne[2], nhk = k->ne[2];
+    ggml_to_float_t const k_to_float = ggml_get_type_traits(k->type)->to_float;
+    ggml_to_float_t const v_to_float = ggml_get_type_traits(v->type)->to_float;
+    if (off || params->use_ref || !ggml_is_quantized(k->type) || !ggml_is_quantized(v->type) || !k_to_float ||
+        !v_to_float || nh % nhk || nh / nhk < 2 || v->ne[2] != nhk || k->ne[3] != 1 || v->ne[3] != 1 ||
+        (mask && (mask->ne[2] != 1 || mask->ne[3] != 1))) {
+        return false;
+    }
+    float scale = 1.0f, max_bias = 0.0f, softcap = 0.0f;
+    memcpy(&scale,    (const float *) dst->op_params + 0, sizeof(float));
+    memcpy(&max_bias, (const float *) dst->op_params + 1, sizeof(float));
+    memcpy(&softcap,  (const float *) dst->op_params + 2, sizeof(float));
+    if (softcap != 0.0f) {
+        scale /= softcap;
+    }
+    const uint32_t n_head_log2 = 1u << (uint32_t) floor(log2(nh));
+    const float m0 = powf(2.0f, -(max_bias       ) / n_head_log2);
+    const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
+    const int64_t G = nh / nhk;
+    const bool k_decode = k->type == GGML_TYPE_TQ3_1 || k->type == GGML_TYPE_TQ3_2;
+    const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
+    ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
+    const size_t q_row = ggml_row_size(k_dot_type, DK);
+    static thread_local std::vector<char> q_dot;   // the group's queries in K's dot type
+    float * Kf = (float *) params->wdata + params->ith * (DK + 2*DV + CACHE_LINE_SIZE_F32);
+    float * Vf = Kf + DK;
+    const ggml_fp16_t * mp = mask ? (const ggml_fp16_t *) mask->data : NULL;
+    // [M, S, VKQ] of the group's heads, local to the thread: the partials of the threads share cache
+    // lines, and writing them per key made two threads slower than one
+    static thread_local std::vector<float> acc;
+    acc.resize(G * (2 + DV));
+    if (!k_decode) {
+        q_dot.resize(G * q_row);
+    }
+    for (int64_t hk = 0; hk < nhk; ++hk) {
+        for (int64_t g = 0; g < G; ++g) {
+            float * p = acc.data() + g * (2 + DV);
+            p[0] = -INFINITY;
+            p[1] = 0.0f;
+            memset(p + 2, 0, DV * sizeof(float));
+            if (!k_decode) {
+                ggml_get_type_traits_cpu(k_dot_type)->from_float(
+                    (const float *) ((const char *) q->data + (hk*G + g)*q->nb[2]), q_dot.data() + g*q_row, DK);
+            }
+        }
+        for (int64_t ic = ic0; ic < ic1; ++ic) {
+            const float mv = mp ? GGML_CPU_FP16_TO_FP32(mp[ic]) : 0.0f;
+            if (mv == -INFINITY) {
+                continue;
+            }
+            const char * k_data = (const char *) k->data + ic*k->nb[1] + hk*k->nb[2];
+            if (k_decode) {
+                k_to_float(k_data, Kf, DK);
+            }
+            v_to_float((const char *) v->data + ic*v->nb[1] + hk*v->nb[2], Vf, DV);
+            for (int64_t h = hk*G; h < (hk + 1)*G; ++h) {
+                const float slope = max_bias > 0.0f ? (h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2*(h - n_head_log2) + 1)) : 1.0f;
+                float s;
+                if (k_decode) {
+                    ggml_vec_dot_f32(DK, &s, 0, Kf, 0, (const float *) ((const char *) q->data + h*q->nb[2]), 0, 1);
+                } else {
+                    kq_vec_dot(DK, &s, 0, k_data, 0, q_dot.data() + (h - hk*G)*q_row, 0, 1);
+                }
+                s *= scale;
+                if (softcap != 0.0f) {
+                    s = softcap*tanhf(s);
+                }
+                s += slope*mv;
+                float * p = acc.data() + (h - hk*G) * (2 + DV);
+                if (s > p[0]) {   // a new maximum: rescale what is there, this key weighs 1
+                    const float ms = expf(p[0] - s);
+                    p[0] = s;
+                    ggml_vec_scale_f32(DV, p + 2, ms);
+                    p[1] = p[1]*ms + 1.0f;
+                    ggml_vec_mad_f32(DV, p + 2, Vf, 1.0f);
+                } else {
+                    const float vs = expf(s - p[0]);
+                    p[1] += vs;
+                    ggml_vec_mad_f32(DV, p + 2, Vf, vs);
+                }
+            }
+        }
+        for (int64_t h = hk*G; h < (hk + 1)*G; ++h) {
+            float * p = acc.data() + (h - hk*G) * (2 + DV);
+            if (sinks && ic0 == 0) {   // as upstream's chunk code: the chunk that starts at cell 0 adds them
+                const float s = ((const float *) sinks->data)[h];
+                if (s > p[0]) {
+                    const float ms = expf(p[0] - s);
+                    p[0] = s;
+                    ggml_vec_scale_f32(DV, p + 2, ms);
+                    p[1] = p[1]*ms + 1.0f;
+                } else {
+                    p[1] += expf(s - p[0]);
+                }
+            }
+            memcpy(partials + h * partial_stride, p, (2 + DV) * sizeof(float));
+        }
+    }
+    return true;
+}
+
+"""
+
 def edits() -> list[Edit]:
     up = source.PINNED.ggml_type_count
     kernels_h = "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in _families())
@@ -203,6 +349,30 @@ def edits() -> list[Edit]:
              "                if (v_mad) { // gguftool\n"
              "                    v_mad(DV, VKQ32, v_data, vs);\n"
              "                } else if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
+             where="replace"),
+        # decode's key split counts the keys the mask leaves, not the cells: a sliding-window layer holds its
+        # window somewhere in a ring of cells twice its size, and an even split of the cells could give one
+        # thread every key that is not masked while the other waits (the wait costs most with quantized
+        # caches, whose keys cost more to read)
+        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n", _FA_SPLIT, where="before"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "        const int64_t ic_start = ith * chunk_size;\n"
+             "        const int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n",
+             "        int64_t ic_start = ith * chunk_size;\n"
+             "        int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n"
+             "        gqt_fa_split(dst->src[3], nek1, ith, nth, &ic_start, &ic_end); // gguftool\n",
+             where="replace"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "        if (ic_start < nek1) {\n            for (int64_t q_head = 0; q_head < neq2; q_head++) {\n",
+             "        if (ic_start < ic_end && gqt_fa_grouped(params, dst, ic_start, ic_end, chunk_partials, partial_stride)) {\n"
+             "            // gguftool: every query head of a K/V head at once\n"
+             "        } else if (ic_start < ic_end) {\n            for (int64_t q_head = 0; q_head < neq2; q_head++) {\n",
+             where="replace"),
+        # every thread leaves partials (an empty range: M = -inf, S = 0, which the reduction skips), so it
+        # reads them all instead of the ranges an even split would have given
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "        ggml_flash_attn_ext_reduce_partials(params, dst, nth, chunk_size);\n",
+             "        ggml_flash_attn_ext_reduce_partials(params, dst, nth, 0); // gguftool: see gqt_fa_split\n",
              where="replace"),
         # --cache-type-k/-v: upstream's list, then ours
         Edit("common/arg.cpp", "    GGML_TYPE_Q5_1,\n};\n",

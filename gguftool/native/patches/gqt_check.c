@@ -17,11 +17,13 @@
  *       thread CPU time of the registered vec_dot over a ROWS x N matrix (one activation row,
  *       as in token generation), ns per row; CPU time, so other load on the machine does not
  *       count (cache effects still do)
- *   gguftool-check fa KTYPE VTYPE D N_KV N_HEAD N_HEAD_KV THREADS REPS
+ *   gguftool-check fa KTYPE VTYPE D N_KV N_HEAD N_HEAD_KV THREADS REPS [WINDOW]
  *       one decode step of flash attention (one query per head, N_KV cached keys and values of
  *       KTYPE / VTYPE, random N(0,1) data): the build's kernels against ggml's reference path
  *       (use_ref: per-head rows, to_float + mad) and against attention in double on the decoded
- *       cache; prints the largest relative errors and the wall ns per call of both paths
+ *       cache; prints the largest relative errors and the wall ns per call of both paths.
+ *       WINDOW: a mask leaves only WINDOW keys, a run of them that wraps around the cells from
+ *       N_KV/3 on (a sliding-window layer's ring of cells)
  */
 #define _POSIX_C_SOURCE 199309L
 #include "ggml.h"
@@ -247,10 +249,10 @@ static double max_rel(const float * a, const float * b, long long n) {   /* max 
 }
 
 static int cmd_fa(const char * kname, const char * vname, long long D, long long nkv, long long nh, long long nhkv,
-                  int threads, int reps) {
+                  int threads, int reps, long long window) {
     const enum ggml_type kt = type_by_name(kname), vt = type_by_name(vname);
     if (D <= 0 || nkv <= 0 || nh <= 0 || nhkv <= 0 || nh % nhkv || D % ggml_blck_size(kt) || D % ggml_blck_size(vt)
-        || threads <= 0 || reps <= 0) {
+        || threads <= 0 || reps <= 0 || window < 0 || window > nkv) {
         fprintf(stderr, "gguftool-check: bad fa shape\n");
         return 2;
     }
@@ -268,7 +270,14 @@ static int cmd_fa(const char * kname, const char * vname, long long D, long long
     decode_rows(kt, k->data, kf, nrows, D);   /* the cache as stored, for the double reference */
     decode_rows(vt, v->data, vf, nrows, D);
     const float scale = 1.0f / sqrtf((float) D);
-    struct ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, NULL, scale, 0.0f, 0.0f);
+    struct ggml_tensor * mask = NULL;
+    char * seen = malloc((size_t) nkv);
+    for (long long j = 0; j < nkv; ++j) seen[j] = !window || (j - nkv / 3 + nkv) % nkv < window;
+    if (window) {
+        mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, nkv, 1, 1, 1);
+        for (long long j = 0; j < nkv; ++j) ((ggml_fp16_t *) mask->data)[j] = ggml_fp32_to_fp16(seen[j] ? 0.0f : -INFINITY);
+    }
+    struct ggml_tensor * out = ggml_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, out);
     const long long nout = nh * D;
@@ -299,7 +308,7 @@ static int cmd_fa(const char * kname, const char * vname, long long D, long long
         for (long long j = 0; j < nkv; ++j) {
             double s = 0.0;
             for (long long d = 0; d < D; ++d) s += (double) qh[d] * kf[(hk * nkv + j) * D + d];
-            w[j] = s * scale;
+            w[j] = seen[j] ? s * scale : -INFINITY;
             if (w[j] > mx) mx = w[j];
         }
         for (long long j = 0; j < nkv; ++j) { w[j] = exp(w[j] - mx); sum += w[j]; }
@@ -311,6 +320,7 @@ static int cmd_fa(const char * kname, const char * vname, long long D, long long
     }
     printf("fast_vs_ref=%.3g fast_vs_exact=%.3g ref_vs_exact=%.3g ns_fast=%.0f ns_ref=%.0f\n",
            max_rel(res[0], res[1], nout), max_rel(res[0], exact, nout), max_rel(res[1], exact, nout), ns[0], ns[1]);
+    free(seen);
     ggml_free(ctx);
     return 0;
 }
@@ -322,8 +332,9 @@ int main(int argc, char ** argv) {
     if (argc == 6 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], NULL, NULL);
     if (argc == 8 && strcmp(argv[1], "dot") == 0) return cmd_dot(argv[2], atoll(argv[3]), argv[4], argv[5], argv[6], argv[7]);
     if (argc == 4 && strcmp(argv[1], "validate") == 0) return cmd_validate(argv[2], argv[3]);
-    if (argc == 10 && strcmp(argv[1], "fa") == 0)
-        return cmd_fa(argv[2], argv[3], atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]), atoi(argv[8]), atoi(argv[9]));
+    if ((argc == 10 || argc == 11) && strcmp(argv[1], "fa") == 0)
+        return cmd_fa(argv[2], argv[3], atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]), atoi(argv[8]), atoi(argv[9]),
+                      argc == 11 ? atoll(argv[10]) : 0);
     if (argc >= 6 && strcmp(argv[1], "speed") == 0) return cmd_speed(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), argc - 5, argv + 5);
     fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
                     "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q | speed N ROWS REPS TYPE...\n");
