@@ -161,7 +161,10 @@ def _calib_in(mctx: str) -> str:
 
 
 
-_FA_SPLIT = """\
+_FA_DECODE = """\
+#include <cstdlib> // gguftool: getenv
+#include <vector>  // gguftool: per-thread accumulators
+
 // gguftool: [*ic0, *ic1) = thread ith's share of the keys row 0 of the mask leaves (decode: one query row);
 // the even split of the cells stands when there is no mask or it differs between heads
 static void gqt_fa_split(const ggml_tensor * mask, int64_t nek1, int ith, int nth, int64_t * ic0, int64_t * ic1) {
@@ -354,7 +357,7 @@ def edits() -> list[Edit]:
         # window somewhere in a ring of cells twice its size, and an even split of the cells could give one
         # thread every key that is not masked while the other waits (the wait costs most with quantized
         # caches, whose keys cost more to read)
-        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n", _FA_SPLIT, where="before"),
+        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n", _FA_DECODE, where="before"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "        const int64_t ic_start = ith * chunk_size;\n"
              "        const int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n",
