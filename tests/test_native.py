@@ -44,8 +44,9 @@ def native():
         _skip_or_fail(f"{e.message} ({e.hint})")
 
 
-def check(native, *args: str) -> str:
-    r = subprocess.run([str(native.tool("gguftool-check")), *args], capture_output=True, text=True, timeout=120)
+def check(native, *args: str, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run([str(native.tool("gguftool-check")), *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **env} if env else None)
     assert r.returncode == 0, f"gguftool-check {' '.join(args)} failed: {r.stderr}"
     return r.stdout
 
@@ -157,10 +158,7 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
     args = ["fa", k, v, str(d), str(n_kv), "9", "3", "2", "1", *([str(window)] if window else [])]
     runs = {"grouped": check(native, *args)}
     if n_kv >= 512 and k != "f16":
-        env = {**os.environ, "GGUFTOOL_FA_GROUPED": "0"}
-        r = subprocess.run([str(native.tool("gguftool-check")), *args], capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 0, r.stderr
-        runs["per-head"] = r.stdout
+        runs["per-head"] = check(native, *args, env={"GGUFTOOL_FA_GROUPED": "0"})
     exact_q = n_kv >= 512 and k in ("tq3_1", "tq3_2")
     for how, out in runs.items():
         got = {key: float(val) for key, val in (kv.split("=") for kv in out.split())}

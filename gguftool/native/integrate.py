@@ -160,7 +160,6 @@ def _calib_in(mctx: str) -> str:
         "    }\n")
 
 
-
 _FA_DECODE = """\
 #include <cstdlib> // gguftool: getenv
 #include <vector>  // gguftool: per-thread accumulators
@@ -225,7 +224,7 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     const float m0 = powf(2.0f, -(max_bias       ) / n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
     const int64_t G = nh / nhk;
-    const bool k_decode = k->type == GGML_TYPE_TQ3_1 || k->type == GGML_TYPE_TQ3_2;
+    const bool k_decode = @TQ3_1_FAMILY@;
     const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
     ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     const size_t q_row = ggml_row_size(k_dot_type, DK);
@@ -237,6 +236,22 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     // lines, and writing them per key made two threads slower than one
     static thread_local std::vector<float> acc;
     acc.resize(G * (2 + DV));
+    // online softmax: one more score s (and its value row, none for a sink) into p = [M, S, VKQ]
+    auto add = [DV](float * p, float s, const float * row) {
+        float w = 1.0f;
+        if (s > p[0]) {   // a new maximum: rescale what is there, this score weighs 1
+            const float ms = expf(p[0] - s);
+            p[0] = s;
+            ggml_vec_scale_f32(DV, p + 2, ms);
+            p[1] *= ms;
+        } else {
+            w = expf(s - p[0]);
+        }
+        p[1] += w;
+        if (row) {
+            ggml_vec_mad_f32(DV, p + 2, row, w);
+        }
+    };
     if (!k_decode) {
         q_dot.resize(G * q_row);
     }
@@ -273,33 +288,13 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
                 if (softcap != 0.0f) {
                     s = softcap*tanhf(s);
                 }
-                s += slope*mv;
-                float * p = acc.data() + (h - hk*G) * (2 + DV);
-                if (s > p[0]) {   // a new maximum: rescale what is there, this key weighs 1
-                    const float ms = expf(p[0] - s);
-                    p[0] = s;
-                    ggml_vec_scale_f32(DV, p + 2, ms);
-                    p[1] = p[1]*ms + 1.0f;
-                    ggml_vec_mad_f32(DV, p + 2, Vf, 1.0f);
-                } else {
-                    const float vs = expf(s - p[0]);
-                    p[1] += vs;
-                    ggml_vec_mad_f32(DV, p + 2, Vf, vs);
-                }
+                add(acc.data() + (h - hk*G) * (2 + DV), s + slope*mv, Vf);
             }
         }
         for (int64_t h = hk*G; h < (hk + 1)*G; ++h) {
             float * p = acc.data() + (h - hk*G) * (2 + DV);
             if (sinks && ic0 == 0) {   // as upstream's chunk code: the chunk that starts at cell 0 adds them
-                const float s = ((const float *) sinks->data)[h];
-                if (s > p[0]) {
-                    const float ms = expf(p[0] - s);
-                    p[0] = s;
-                    ggml_vec_scale_f32(DV, p + 2, ms);
-                    p[1] = p[1]*ms + 1.0f;
-                } else {
-                    p[1] += expf(s - p[0]);
-                }
+                add(p, ((const float *) sinks->data)[h], nullptr);
             }
             memcpy(partials + h * partial_stride, p, (2 + DV) * sizeof(float));
         }
@@ -357,7 +352,9 @@ def edits() -> list[Edit]:
         # window somewhere in a ring of cells twice its size, and an even split of the cells could give one
         # thread every key that is not masked while the other waits (the wait costs most with quantized
         # caches, whose keys cost more to read)
-        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n", _FA_DECODE, where="before"),
+        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n",
+             _FA_DECODE.replace("@TQ3_1_FAMILY@", " || ".join(f"k->type == GGML_TYPE_{t.name}"
+                                                               for t in gtypes.of_family("tq3_1"))), where="before"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "        const int64_t ic_start = ith * chunk_size;\n"
              "        const int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n",
