@@ -79,6 +79,8 @@ class CustomType(TensorType):
     vec_dot_type: str    # ggml's activation type it is multiplied with (what the block's math pairs with)
     fallback: str | None = None   # type used where a row does not divide block_size (None: llama.cpp's rule)
     kv_cache: bool = True         # accepted by --cache-type-k/-v
+    table_decode: bool = False    # rows decode by table look-up (gqt_mad_<name> exists): flash attention adds
+                                  # V rows straight from the blocks and decode converts K rows once per KV head
     custom: ClassVar[bool] = True
 
 
@@ -95,11 +97,16 @@ CUSTOM_TYPES: tuple[CustomType, ...] = (
     CustomType("TQ3_1", 515, 32, 14, 1,
                "fp16 scale, 4 B of index bit 2, 8 B of index bits 0-1; x = d * L[idx], L the integer 3-bit "
                "Lloyd-Max levels; no rotation of its own (for caches llama.cpp rotates head-wide)",
-               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0"),
+               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", table_decode=True),
     CustomType("TQ3_2", 516, 64, 26, 1,
                "fp16 scale, then two 12-byte groups of TQ3_1's codes (values 0-31, 32-63); x = d * L[idx]: "
                "TQ3_1 with one scale per 64 values (a head of dim 64)",
-               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1"),
+               family="tq3_1", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1", table_decode=True),
+    CustomType("TQ3_3", 517, 64, 26, 1,
+               "fp16 scale, 8 B of trellis branch bits, 16 B of 2-bit indices (byte j: values j, j+16, j+32, j+48); "
+               "x = d * L[subset + 4 idx], the subset from the branch bits of the value and the 3 before it "
+               "(an 8-state trellis code over 16 levels, 3 bits per value)",
+               family="tcq3", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1", table_decode=True),
 )
 RETIRED: tuple[CustomType, ...] = ()  # never reuse these ids
 

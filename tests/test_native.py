@@ -63,9 +63,11 @@ def _weights(rng: np.random.Generator, rows: int = 12, n: int = 512) -> np.ndarr
 
 
 def _python_codec(name: str):
-    from gguftool.quant import hqq, tq3, tq3_1
+    from gguftool.quant import hqq, tcq3, tq3, tq3_1
     if name == "TQ3_0":
         return tq3.quantize_tq3_ref, tq3.dequantize_tq3_ref, tq3.quantize_tq3
+    if name == "TQ3_3":
+        return tcq3.quantize_ref, tcq3.dequantize_ref, tcq3.quantize
     if name in ("TQ3_1", "TQ3_2"):
         return (lambda x: tq3_1.quantize_ref(x, name), lambda d: tq3_1.dequantize_ref(d, name),
                 lambda x: tq3_1.quantize(x, name))
@@ -107,10 +109,11 @@ def test_quantize_bytes_match_python(native, name, tmp_path, rng):
 @pytest.mark.parametrize("name", OURS)
 @pytest.mark.parametrize("n", [128, 256, 4096])
 def test_vec_dot_simd_agrees(native, name, n, tmp_path, rng):
-    from gguftool.quant import hqq, tq3, tq3_1
+    from gguftool.quant import hqq, tcq3, tq3, tq3_1
     twins = {"TQ3_0": (tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref),
              "TQ3_1": (tq3_1.dequantize_tq3_1_ref, tq3_1.vec_dot_tq3_1_q8_0_ref),
-             "TQ3_2": (lambda d: tq3_1.dequantize_ref(d, "TQ3_2"), lambda x, y: tq3_1.vec_dot_q8_0_ref(x, y, "TQ3_2"))}
+             "TQ3_2": (lambda d: tq3_1.dequantize_ref(d, "TQ3_2"), lambda x, y: tq3_1.vec_dot_q8_0_ref(x, y, "TQ3_2")),
+             "TQ3_3": (tcq3.dequantize_ref, tcq3.vec_dot_q8_0_ref)}
     for trial in range(3):
         x = (rng.standard_normal(n) * 0.05 + (0.01 if trial == 1 else 0.0)).astype(np.float32)
         y = rng.standard_normal(n).astype(np.float32) * np.float32(3.0)
@@ -159,7 +162,7 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
     runs = {"grouped": check(native, *args)}
     if n_kv >= 512 and k != "f16":
         runs["per-head"] = check(native, *args, env={"GGUFTOOL_FA_GROUPED": "0"})
-    exact_q = n_kv >= 512 and k in ("tq3_1", "tq3_2")
+    exact_q = n_kv >= 512 and k.upper() in gtypes.BY_NAME and gtypes.BY_NAME[k.upper()].table_decode
     for how, out in runs.items():
         got = {key: float(val) for key, val in (kv.split("=") for kv in out.split())}
         if how == "grouped" and exact_q:
@@ -229,7 +232,8 @@ def test_stock_quantized_model_runs(kv_ppl):
 
 
 @pytest.mark.parametrize("k,v", [("q4_hqq", "q4_hqq"), ("tq3_0", "tq3_0"), ("tq3_0", "f16"), ("f16", "tq3_0"),
-                                 ("q4_hqq", "q8_0"), ("tq3_1", "tq3_1"), ("tq3_2", "tq3_2")])
+                                 ("q4_hqq", "q8_0"), ("tq3_1", "tq3_1"), ("tq3_2", "tq3_2"),
+                                 ("tq3_3", "tq3_3")])
 def test_kv_cache_types_give_sane_perplexity(kv_ppl, k, v):
     base = kv_ppl("f16", "f16")
     ppl = kv_ppl(k, v)

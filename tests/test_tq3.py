@@ -405,10 +405,9 @@ def test_native_flags_give_the_same_results(tmp_path, toolchain):
                   tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref)
 
 
-def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref,
-                  block: int = 32, block_bytes: int = 14):
-    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain`, feed it every `block`-divisible input and a
-    Q8_0 row set, and require the numpy twins' bytes for quantize, dequantize and vec_dot."""
+def build_harness(tmp_path, toolchain: str, harness: str, c_file: str) -> tuple[list[str], Path]:
+    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain` (skip where it is not installed):
+    the command prefix that runs it (qemu for arm64) and the executable."""
     cc, runner = _TOOLCHAINS[toolchain]
     missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
     if missing:
@@ -420,6 +419,14 @@ def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_
     r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / c_file), "-lm", "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    return runner, exe
+
+
+def check_harness(tmp_path, toolchain: str, harness: str, c_file: str, quantize_ref, dequantize_ref, vec_dot_ref,
+                  block: int = 32, block_bytes: int = 14):
+    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain`, feed it every `block`-divisible input and a
+    Q8_0 row set, and require the numpy twins' bytes for quantize, dequantize and vec_dot."""
+    runner, exe = build_harness(tmp_path, toolchain, harness, c_file)
     rng = np.random.default_rng(8)
     for x in (v for v in _inputs().values() if v.shape[1] % block == 0):
         y8 = tq3.quantize_q8_0_ref(rng.standard_normal(x.shape).astype(np.float32))

@@ -2,7 +2,6 @@
 every toolchain (arm64 under qemu), the layout against TQ3_1's, and the cost of the shared scale."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from functools import partial
 
@@ -12,7 +11,7 @@ import pytest
 from gguftool.errors import GgufToolError
 from gguftool.quant import tq3, tq3_1
 
-from .test_tq3 import _TOOLCHAINS, ROOT, _inputs, check_harness, checked_path_agrees
+from .test_tq3 import _TOOLCHAINS, _inputs, build_harness, check_harness, checked_path_agrees
 
 BYTES = 26
 q_ref = partial(tq3_1.quantize_ref, name="TQ3_2")
@@ -159,16 +158,8 @@ def test_fused_v_accumulate_matches_twin():
 
 @pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
 def test_fused_v_accumulate_same_bits_on_every_toolchain(tmp_path, toolchain):
-    cc, runner = _TOOLCHAINS[toolchain]
-    missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
-    (tmp_path / "h.c").write_text(_MAD_HARNESS)
-    fast = ROOT / "gguftool" / "_fast"
-    r = subprocess.run([*cc, f"-I{fast}", str(tmp_path / "h.c"), str(fast / "gqt_tq3_1.c"), "-lm", "-o", str(tmp_path / "h")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    runner, exe = build_harness(tmp_path, toolchain, _MAD_HARNESS, "gqt_tq3_1.c")
     q, acc, s = _mad_inputs()
-    out = subprocess.run([*runner, str(tmp_path / "h"), str(len(q)), str(acc.shape[1])],
+    out = subprocess.run([*runner, str(exe), str(len(q)), str(acc.shape[1])],
                          input=q.tobytes() + acc.tobytes() + s.tobytes(), capture_output=True, check=True, timeout=120).stdout
     assert out == mad_ref(q, acc, s).tobytes()

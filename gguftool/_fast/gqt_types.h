@@ -36,7 +36,14 @@
 #define GQT_TQ3_2_LAYOUT 1
 #define GQT_TQ3_2_BITS 3
 
-#define GQT_TYPE_MAX 516
+/* TQ3_3: fp16 scale, 8 B of trellis branch bits, 16 B of 2-bit indices (byte j: values j, j+16, j+32, j+48); x = d * L[subset + 4 idx], the subset from the branch bits of the value and the 3 before it (an 8-state trellis code over 16 levels, 3 bits per value) */
+#define GQT_TYPE_TQ3_3 517
+#define GQT_TQ3_3_BLOCK 64
+#define GQT_TQ3_3_BYTES 26
+#define GQT_TQ3_3_LAYOUT 1
+#define GQT_TQ3_3_BITS 3
+
+#define GQT_TYPE_MAX 517
 
 /* Every type, for code that treats each the same way: X(NAME, name, vec_dot type name). Each has
  * gqt_vec_dot_<name>_<vec_dot type> (the build's best path) and a portable _ref twin. */
@@ -45,7 +52,8 @@
     X(Q4_HQQ_128, q4_hqq_128, q8_1) \
     X(TQ3_0, tq3_0, q8_0) \
     X(TQ3_1, tq3_1, q8_0) \
-    X(TQ3_2, tq3_2, q8_0)
+    X(TQ3_2, tq3_2, q8_0) \
+    X(TQ3_3, tq3_3, q8_0)
 
 /* Stock ggml layouts the HQQ solver also writes (ggml type id, values and bytes per block, bits per code). */
 #define GQT_HQQ_TARGET_Q4_1 3

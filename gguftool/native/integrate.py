@@ -62,6 +62,11 @@ def _families() -> list[str]:
     return sorted({t.family for t in gtypes.CUSTOM_TYPES})
 
 
+def _table_decoded() -> list[gtypes.CustomType]:
+    """Types whose rows decode by table look-up (gqt_mad_<name> exists): flash attention reads them fused."""
+    return [t for t in gtypes.CUSTOM_TYPES if t.table_decode]
+
+
 def _type_count() -> int:
     return max(t.id for t in gtypes.CUSTOM_TYPES) + 1
 
@@ -224,7 +229,7 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     const float m0 = powf(2.0f, -(max_bias       ) / n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
     const int64_t G = nh / nhk;
-    const bool k_decode = @TQ3_1_FAMILY@;
+    const bool k_decode = @TABLE_DECODED@;
     const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
     ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     const size_t q_row = ggml_row_size(k_dot_type, DK);
@@ -335,13 +340,15 @@ def edits() -> list[Edit]:
              "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && kv_is_f32_or_f16 && (k->type == v->type) && q->type == GGML_TYPE_F32 && nek1 >= 512;\n",
              "    const bool use_split_kv_path = !use_ref && (neq1 == 1 && neq3 == 1) && q->type == GGML_TYPE_F32 && nek1 >= 512; // gguftool: any cache type\n",
              where="replace"),
-        # flash attention reads a TQ3_1/TQ3_2 V row by accumulating its blocks straight into the output
-        # (gqt_mad_tq3_*), where upstream converts every row to floats first and then adds them
-        Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n', '#include "gqt_tq3_1.h" // gguftool\n'),
+        # flash attention reads a V row of a table-decoded type (TQ3_1/2/3) by accumulating its blocks straight
+        # into the output (gqt_mad_<name>), where upstream converts every row to floats first and then adds them
+        Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n',
+             "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in sorted({t.family for t in _table_decoded()}))),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "    ggml_to_float_t   const v_to_float     = ggml_get_type_traits(v->type)->to_float;\n",
              "    void (* const v_mad)(int64_t, float *, const void *, float) = params->use_ref ? NULL : // gguftool\n"
-             "        v->type == GGML_TYPE_TQ3_1 ? gqt_mad_tq3_1 : v->type == GGML_TYPE_TQ3_2 ? gqt_mad_tq3_2 : NULL;\n"),
+             + "".join(f"        v->type == GGML_TYPE_{t.name} ? gqt_mad_{t.ggml_name} :\n" for t in _table_decoded())
+             + "        NULL;\n"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "                if (v_to_float) {\n                    v_to_float(v_data, V32, DV);\n",
              "                if (v_mad) { // gguftool\n"
@@ -353,8 +360,8 @@ def edits() -> list[Edit]:
         # thread every key that is not masked while the other waits (the wait costs most with quantized
         # caches, whose keys cost more to read)
         Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n",
-             _FA_DECODE.replace("@TQ3_1_FAMILY@", " || ".join(f"k->type == GGML_TYPE_{t.name}"
-                                                               for t in gtypes.of_family("tq3_1"))), where="before"),
+             _FA_DECODE.replace("@TABLE_DECODED@", " || ".join(f"k->type == GGML_TYPE_{t.name}"
+                                                                for t in _table_decoded())), where="before"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "        const int64_t ic_start = ith * chunk_size;\n"
              "        const int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n",

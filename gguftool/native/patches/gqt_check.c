@@ -31,6 +31,7 @@
 #include "gqt_hqq.h"
 #include "gqt_tq3.h"
 #include "gqt_tq3_1.h"
+#include "gqt_tcq3.h"
 
 #include <math.h>
 #include <stdio.h>
