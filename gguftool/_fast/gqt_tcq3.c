@@ -259,9 +259,64 @@ static GQT_AVX2_FN void vec_dot_avx2(int n, float * s, const gqt_block_tq3_3 * x
 }
 #endif
 
+/* ---------------------------------------------------------------- arm64 NEON (same bits) */
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+
+/* the subsets of 4 values from the 7 bits of E = bits << 3 that their windows span, one per byte */
+#define SUB_W(w) ((((w) >> 2) & 1) | (((((w) >> 3) ^ ((w) >> 1) ^ (w)) & 1) << 1))
+#define SUB4(f) (SUB_W((f) & 15) | SUB_W(((f) >> 1) & 15) << 8 | SUB_W(((f) >> 2) & 15) << 16 | SUB_W(((f) >> 3) & 15) << 24),
+#define SUB8(f) SUB4(f) SUB4((f) + 1)
+#define SUB16(f) SUB8(f) SUB8((f) + 2)
+#define SUB32(f) SUB16(f) SUB16((f) + 4)
+#define SUB64(f) SUB32(f) SUB32((f) + 8)
+#define SUB128(f) SUB64(f) SUB64((f) + 16) SUB64((f) + 32) SUB64((f) + 48)
+static const uint32_t sub4[128] = {SUB128(0) SUB128(64)};
+
+/* levels of values 16 m .. 16 m + 15 */
+static inline int8x16_t levels16_neon(uint64_t bits, const uint8x16_t qs, int m) {
+    uint32_t w[4];
+    for (int t = 0; t < 4; ++t) {
+        const int g = 4 * m + t;   /* values 4 g .. 4 g + 3: bits 4 g .. 4 g + 6 of E */
+        w[t] = sub4[(g == 0 ? bits << 3 : bits >> (4 * g - 3)) & 127];
+    }
+    const uint8x16_t sub = vreinterpretq_u8_u32(vld1q_u32(w));
+    const uint8x16_t idx = vandq_u8(vshlq_u8(qs, vdupq_n_s8((int8_t) (-2 * m))), vdupq_n_u8(3));
+    return vqtbl1q_s8(vld1q_s8(gqt_tq3_3_levels), vorrq_u8(sub, vshlq_n_u8(idx, 2)));
+}
+
+static void levels_of_neon(const gqt_block_tq3_3 * b, int8_t * lv) {
+    const uint64_t bits = branch_bits(b);
+    const uint8x16_t qs = vld1q_u8(b->qs);
+    for (int m = 0; m < 4; ++m) vst1q_s8(lv + 16 * m, levels16_neon(bits, qs, m));
+}
+
+static void vec_dot_neon(int n, float * s, const gqt_block_tq3_3 * x, const gqt_block_q8_0 * y) {
+    float sumf = 0.0f;
+    for (int b = 0; b < n / QK; ++b) {
+        const float dx = gqt_fp16_to_fp32(x[b].d);
+        if (dx == 0.0f) continue;
+        const uint64_t bits = branch_bits(&x[b]);
+        const uint8x16_t qs = vld1q_u8(x[b].qs);
+        for (int g = 0; g < 2; ++g) {
+            const int8x16_t l0 = levels16_neon(bits, qs, 2 * g), l1 = levels16_neon(bits, qs, 2 * g + 1);
+            const int8x16_t q0 = vld1q_s8(y[2 * b + g].qs), q1 = vld1q_s8(y[2 * b + g].qs + 16);
+            int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(l0), vget_low_s8(q0)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l0), vget_high_s8(q0)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(l1), vget_low_s8(q1)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l1), vget_high_s8(q1)));
+            sumf += (dx * gqt_fp16_to_fp32(y[2 * b + g].d)) * (float) vaddvq_s32(acc);
+        }
+    }
+    *s = sumf;
+}
+#endif
+
 void gqt_tq3_3_levels_of(const void * block, int8_t * lv) {
 #if GQT_X86_AVX2
     if (gqt_have_avx2()) { levels_of_avx2((const gqt_block_tq3_3 *) block, lv); return; }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    levels_of_neon((const gqt_block_tq3_3 *) block, lv); return;
 #endif
     levels_scalar((const gqt_block_tq3_3 *) block, lv);
 }
@@ -311,6 +366,8 @@ void gqt_vec_dot_tq3_3_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     (void) bs; (void) bx; (void) by; (void) nrc;
 #if GQT_X86_AVX2
     if (gqt_have_avx2()) { vec_dot_avx2(n, s, (const gqt_block_tq3_3 *) vx, (const gqt_block_q8_0 *) vy); return; }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    vec_dot_neon(n, s, (const gqt_block_tq3_3 *) vx, (const gqt_block_q8_0 *) vy); return;
 #endif
     vec_dot_levels(n, s, (const gqt_block_tq3_3 *) vx, (const gqt_block_q8_0 *) vy, levels_any);
 }
