@@ -177,55 +177,55 @@ static inline uint64_t branch_bits(const gqt_block_tq3_3 * b) {
     return bits;
 }
 
-static void levels_scalar(const gqt_block_tq3_3 * b, int8_t * lv) {
+/* The subset of value i is b_{i-1} | (b_i ^ b_{i-2} ^ b_{i-3}) << 1: for a whole block, bit i of s0 and
+ * of s1 (the branch word shifted and xored; zeros come in below value 0), so every decode path only
+ * spreads two 64-bit words to bytes. */
+static inline void subset_words(const gqt_block_tq3_3 * b, uint64_t * s0, uint64_t * s1) {
     const uint64_t bits = branch_bits(b);
+    *s0 = bits << 1;
+    *s1 = bits ^ (bits << 2) ^ (bits << 3);
+}
+
+static void levels_scalar(const gqt_block_tq3_3 * b, int8_t * lv) {
+    uint64_t s0, s1;
+    subset_words(b, &s0, &s1);
     for (int i = 0; i < QK; ++i) {
-        const unsigned w = (unsigned) ((i >= 3 ? bits >> (i - 3) : bits << (3 - i)) & 15);
         const int k = (b->qs[i & 15] >> (2 * (i >> 4))) & 3;
-        lv[i] = gqt_tq3_3_levels[subset_of(w) + 4 * k];
+        lv[i] = gqt_tq3_3_levels[(int) ((s0 >> i) & 1) + 2 * (int) ((s1 >> i) & 1) + 4 * k];
     }
 }
 
 #if GQT_X86_AVX2
 #include <immintrin.h>
 
-/* 32 values' windows: value i's 16-bit lane holds bytes i/8 and i/8 + 1 of E = bits << 3 (65+ bits: the
- * top 3 come from the next byte), shifted left by 7 - i % 8 so the window sits in lane bits 7..10 */
-static inline GQT_AVX2_FN __m256i levels32_avx2(const uint8_t * e, const uint8_t * qs, int half) {
-    const __m256i lut_sub = _mm256_setr_epi8(0, 2, 2, 0, 1, 3, 3, 1, 2, 0, 0, 2, 3, 1, 1, 3,
-                                             0, 2, 2, 0, 1, 3, 3, 1, 2, 0, 0, 2, 3, 1, 1, 3);
+/* byte t = 0xFF where bit t of w is set, 32 bits */
+static inline GQT_AVX2_FN __m256i spread32_avx2(uint32_t w) {
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long) 0x8040201008040201ULL);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int) w), sel);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* levels of values 32 half .. 32 half + 31 */
+static inline GQT_AVX2_FN __m256i levels32_avx2(uint64_t s0, uint64_t s1, const uint8_t * qs, int half) {
     const __m256i lut_lev = _mm256_setr_epi8(-127, -92, -70, -54, -40, -28, -17, -6, 6, 17, 28, 40, 54, 70, 92, 127,
                                              -127, -92, -70, -54, -40, -28, -17, -6, 6, 17, 28, 40, 54, 70, 92, 127);
-    __m256i w[2];
-    for (int h = 0; h < 2; ++h) {   /* values 32 half + 16 h .. + 15, one per 16-bit lane */
-        const int i0 = 32 * half + 16 * h;
-        const __m256i src = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (e + i0 / 8)));
-        /* lane t (value i0 + t): bytes t/8 and t/8 + 1 of e + i0/8 */
-        const __m256i sel = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                             1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2);
-        const __m256i v = _mm256_shuffle_epi8(src, sel);
-        const __m256i mul = _mm256_setr_epi16(128, 64, 32, 16, 8, 4, 2, 1, 128, 64, 32, 16, 8, 4, 2, 1);
-        w[h] = _mm256_and_si256(_mm256_srli_epi16(_mm256_mullo_epi16(v, mul), 7), _mm256_set1_epi16(15));
-    }
-    /* 16-bit lanes -> bytes in value order */
-    __m256i win = _mm256_permute4x64_epi64(_mm256_packus_epi16(w[0], w[1]), 0xD8);
-    /* indices: byte j of qs holds values j, j+16, j+32, j+48 */
+    const __m256i sub = _mm256_or_si256(_mm256_and_si256(spread32_avx2((uint32_t) (s0 >> (32 * half))), _mm256_set1_epi8(1)),
+                                        _mm256_and_si256(spread32_avx2((uint32_t) (s1 >> (32 * half))), _mm256_set1_epi8(2)));
+    /* indices: byte j of qs holds values j, j+16, j+32, j+48 (4 x 2 bits; 16-bit shifts, then & 3 per byte) */
     const __m128i q = _mm_loadu_si128((const __m128i *) qs);
     const __m128i m3 = _mm_set1_epi8(3);
     const __m128i k0 = _mm_and_si128(_mm_srli_epi16(q, 4 * half), m3), k1 = _mm_and_si128(_mm_srli_epi16(q, 4 * half + 2), m3);
-    const __m256i k = _mm256_set_m128i(k1, k0);
-    const __m256i j = _mm256_or_si256(_mm256_shuffle_epi8(lut_sub, win), _mm256_slli_epi16(k, 2));
+    const __m256i j = _mm256_or_si256(sub, _mm256_slli_epi16(_mm256_set_m128i(k1, k0), 2));
     return _mm256_shuffle_epi8(lut_lev, j);
 }
 
 static inline GQT_AVX2_FN void levels_avx2(const gqt_block_tq3_3 * b, __m256i * l0, __m256i * l1) {
-    uint8_t e[24] = {0};   /* bits << 3, byte-wise, padded for the 16-byte loads */
-    const uint64_t bits = branch_bits(b);
-    const uint64_t lo = bits << 3;
-    for (int k = 0; k < 8; ++k) e[k] = (uint8_t) (lo >> (8 * k));
-    e[8] = (uint8_t) (bits >> 61);
-    *l0 = levels32_avx2(e, b->qs, 0);
-    *l1 = levels32_avx2(e, b->qs, 1);
+    uint64_t s0, s1;
+    subset_words(b, &s0, &s1);
+    *l0 = levels32_avx2(s0, s1, b->qs, 0);
+    *l1 = levels32_avx2(s0, s1, b->qs, 1);
 }
 
 static inline GQT_AVX2_FN int32_t dot32_avx2(__m256i l, const gqt_block_q8_0 * y) {
@@ -243,6 +243,38 @@ static GQT_AVX2_FN void levels_of_avx2(const gqt_block_tq3_3 * b, int8_t * lv) {
     levels_avx2(b, &l0, &l1);
     _mm256_storeu_si256((__m256i *) lv, l0);
     _mm256_storeu_si256((__m256i *) (lv + 32), l1);
+}
+
+/* y[0..31] = m * l (acc = 0) or y + m * l (acc = 1), float32, multiply then add as the scalar loops */
+static inline GQT_AVX2_FN void floats32_avx2(__m256i l, __m256 m, float * y, int acc) {
+    const __m128i lo = _mm256_castsi256_si128(l), hi = _mm256_extracti128_si256(l, 1);
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int g = 0; g < 4; ++g) {
+        __m256 f = _mm256_mul_ps(m, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[g])));
+        if (acc) f = _mm256_add_ps(_mm256_loadu_ps(y + 8 * g), f);
+        _mm256_storeu_ps(y + 8 * g, f);
+    }
+}
+
+static GQT_AVX2_FN void dequantize_row_avx2(const gqt_block_tq3_3 * x, float * y, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, y += QK) {
+        const float d = gqt_fp16_to_fp32(x[b].d);
+        if (d == 0.0f) { for (int j = 0; j < QK; ++j) y[j] = 0.0f; continue; }
+        __m256i l0, l1;
+        levels_avx2(&x[b], &l0, &l1);
+        floats32_avx2(l0, _mm256_set1_ps(d), y, 0);
+        floats32_avx2(l1, _mm256_set1_ps(d), y + 32, 0);
+    }
+}
+
+static GQT_AVX2_FN void mad_row_avx2(const gqt_block_tq3_3 * x, float * acc, float s, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, acc += QK) {
+        const __m256 m = _mm256_set1_ps(s * gqt_fp16_to_fp32(x[b].d));
+        __m256i l0, l1;
+        levels_avx2(&x[b], &l0, &l1);
+        floats32_avx2(l0, m, acc, 1);
+        floats32_avx2(l1, m, acc + 32, 1);
+    }
 }
 
 static GQT_AVX2_FN void vec_dot_avx2(int n, float * s, const gqt_block_tq3_3 * x, const gqt_block_q8_0 * y) {
@@ -263,32 +295,25 @@ static GQT_AVX2_FN void vec_dot_avx2(int n, float * s, const gqt_block_tq3_3 * x
 #if defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
 
-/* the subsets of 4 values from the 7 bits of E = bits << 3 that their windows span, one per byte */
-#define SUB_W(w) ((((w) >> 2) & 1) | (((((w) >> 3) ^ ((w) >> 1) ^ (w)) & 1) << 1))
-#define SUB4(f) (SUB_W((f) & 15) | SUB_W(((f) >> 1) & 15) << 8 | SUB_W(((f) >> 2) & 15) << 16 | SUB_W(((f) >> 3) & 15) << 24),
-#define SUB8(f) SUB4(f) SUB4((f) + 1)
-#define SUB16(f) SUB8(f) SUB8((f) + 2)
-#define SUB32(f) SUB16(f) SUB16((f) + 4)
-#define SUB64(f) SUB32(f) SUB32((f) + 8)
-#define SUB128(f) SUB64(f) SUB64((f) + 16) SUB64((f) + 32) SUB64((f) + 48)
-static const uint32_t sub4[128] = {SUB128(0) SUB128(64)};
+/* byte t = 0xFF where bit t of w is set, 16 bits */
+static inline uint8x16_t spread16_neon(uint16_t w) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    return vtstq_u8(vcombine_u8(vdup_n_u8((uint8_t) w), vdup_n_u8((uint8_t) (w >> 8))), vld1q_u8(bit));
+}
 
 /* levels of values 16 m .. 16 m + 15 */
-static inline int8x16_t levels16_neon(uint64_t bits, const uint8x16_t qs, int m) {
-    uint32_t w[4];
-    for (int t = 0; t < 4; ++t) {
-        const int g = 4 * m + t;   /* values 4 g .. 4 g + 3: bits 4 g .. 4 g + 6 of E */
-        w[t] = sub4[(g == 0 ? bits << 3 : bits >> (4 * g - 3)) & 127];
-    }
-    const uint8x16_t sub = vreinterpretq_u8_u32(vld1q_u32(w));
+static inline int8x16_t levels16_neon(uint64_t s0, uint64_t s1, const uint8x16_t qs, int m) {
+    const uint8x16_t sub = vorrq_u8(vandq_u8(spread16_neon((uint16_t) (s0 >> (16 * m))), vdupq_n_u8(1)),
+                                    vandq_u8(spread16_neon((uint16_t) (s1 >> (16 * m))), vdupq_n_u8(2)));
     const uint8x16_t idx = vandq_u8(vshlq_u8(qs, vdupq_n_s8((int8_t) (-2 * m))), vdupq_n_u8(3));
     return vqtbl1q_s8(vld1q_s8(gqt_tq3_3_levels), vorrq_u8(sub, vshlq_n_u8(idx, 2)));
 }
 
 static void levels_of_neon(const gqt_block_tq3_3 * b, int8_t * lv) {
-    const uint64_t bits = branch_bits(b);
+    uint64_t s0, s1;
+    subset_words(b, &s0, &s1);
     const uint8x16_t qs = vld1q_u8(b->qs);
-    for (int m = 0; m < 4; ++m) vst1q_s8(lv + 16 * m, levels16_neon(bits, qs, m));
+    for (int m = 0; m < 4; ++m) vst1q_s8(lv + 16 * m, levels16_neon(s0, s1, qs, m));
 }
 
 static void vec_dot_neon(int n, float * s, const gqt_block_tq3_3 * x, const gqt_block_q8_0 * y) {
@@ -296,10 +321,11 @@ static void vec_dot_neon(int n, float * s, const gqt_block_tq3_3 * x, const gqt_
     for (int b = 0; b < n / QK; ++b) {
         const float dx = gqt_fp16_to_fp32(x[b].d);
         if (dx == 0.0f) continue;
-        const uint64_t bits = branch_bits(&x[b]);
+        uint64_t s0, s1;
+        subset_words(&x[b], &s0, &s1);
         const uint8x16_t qs = vld1q_u8(x[b].qs);
         for (int g = 0; g < 2; ++g) {
-            const int8x16_t l0 = levels16_neon(bits, qs, 2 * g), l1 = levels16_neon(bits, qs, 2 * g + 1);
+            const int8x16_t l0 = levels16_neon(s0, s1, qs, 2 * g), l1 = levels16_neon(s0, s1, qs, 2 * g + 1);
             const int8x16_t q0 = vld1q_s8(y[2 * b + g].qs), q1 = vld1q_s8(y[2 * b + g].qs + 16);
             int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(l0), vget_low_s8(q0)));
             acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l0), vget_high_s8(q0)));
@@ -323,6 +349,9 @@ void gqt_tq3_3_levels_of(const void * block, int8_t * lv) {
 
 void gqt_dequantize_row_tq3_3(const void * vx, float * y, int64_t k) {
     const gqt_block_tq3_3 * x = (const gqt_block_tq3_3 *) vx;
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { dequantize_row_avx2(x, y, k / QK); return; }
+#endif
     int8_t lv[QK];
     for (int64_t b = 0; b < k / QK; ++b, y += QK) {
         const float d = gqt_fp16_to_fp32(x[b].d);
@@ -334,6 +363,9 @@ void gqt_dequantize_row_tq3_3(const void * vx, float * y, int64_t k) {
 
 void gqt_mad_tq3_3(int64_t k, float * acc, const void * vx, float s) {
     const gqt_block_tq3_3 * x = (const gqt_block_tq3_3 *) vx;
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { mad_row_avx2(x, acc, s, k / QK); return; }
+#endif
     int8_t lv[QK];
     for (int64_t b = 0; b < k / QK; ++b, acc += QK) {
         const float m = s * gqt_fp16_to_fp32(x[b].d);
