@@ -11,7 +11,7 @@ from .args import integer, number, positive
 EXAMPLES = """examples:
   gguftool validate model.gguf --target local                       # default K/V set, report in validate-out/
   gguftool validate model.gguf --target local --isolate --chunks 4  # K-only / V-only / both per cache type
-  gguftool validate model.gguf --kv f16 --kv q5_0/tq3_1 --text book.txt --out run1
+  gguftool validate model.gguf --kv f16 --kv q5_0/tq3_3 --text book.txt --out run1
   gguftool validate model.gguf --target qemu-arm64 --ctx 128 --chunks 2 --kv q4_hqq
   gguftool validate model.gguf --target adb --sustained 120 --kv q4_0 --kv tq3_1   # a phone over USB
   gguftool validate --build-arm64                                    # cross-build the static aarch64 tools
@@ -29,10 +29,10 @@ def add_parser(sub) -> None:
     p.add_argument("model", nargs="?", help="GGUF model file")
     p.add_argument("--target", default="local", help="local | qemu-arm64 | adb | adb:SERIAL (default local)")
     p.add_argument("--kv", action="append", metavar="K[/V]",
-                   help="a KV cache configuration, repeatable (default: f16, q8_0, q4_0, q5_0/tq3_1, tq3_2; "
+                   help="a KV cache configuration, repeatable (default: f16, q8_0, q4_0, q5_0/tq3_3, tq3_3; "
                         "a file's per-layer plan applies to its type)")
     p.add_argument("--isolate", action="store_true", help="K-only, V-only and both for each --types cache type")
-    p.add_argument("--types", default="f16,q8_0,q4_0,q5_0,tq3_1",
+    p.add_argument("--types", default="f16,q8_0,q4_0,q5_0,tq3_3",
                    help="cache types of the --isolate matrix (default: %(default)s)")
     p.add_argument("--reference-model", metavar="GGUF",
                    help="KL divergence against this model's logits (e.g. the f16/Q8_0 original) instead of MODEL with f16 KV")

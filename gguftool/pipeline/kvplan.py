@@ -27,7 +27,7 @@ LAYERS_KEY = "gguftool.kv_layers."   # + "k" / "v" (the rules) and "k.for" / "v.
 MEASURED = Path(__file__).resolve().parent.parent / "data" / "kv_measured.json"
 # the pairs kv-plan lists when none are asked for: the stock ones and ours
 DEFAULT_PAIRS = ("f16/f16", "q8_0/q8_0", "q5_0/q5_0", "q8_0/q4_0", "q4_0/q4_0", "iq4_nl/iq4_nl",
-                 "q5_0/tq3_1", "q4_0/tq3_1", "tq3_1/tq3_1", "tq3_2/tq3_2")
+                 "q5_0/tq3_3", "iq4_nl/tq3_3", "q5_0/tq3_1", "tq3_1/tq3_1", "tq3_3/tq3_3")
 
 
 def _pad(n: int) -> int:

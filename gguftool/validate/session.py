@@ -25,7 +25,7 @@ from . import metrics
 from .runners import Runner, RunResult, sha256_file
 
 # stock peers and the recipes' caches (phone-small, max-compression; measured in docs/kv.md)
-DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q5_0/tq3_1", "tq3_2/tq3_2")   # the recipes' caches and their peers
+DEFAULT_KV = ("f16/f16", "q8_0/q8_0", "q4_0/q4_0", "q5_0/tq3_3", "tq3_3/tq3_3")   # the recipes' caches and their peers
 DEFAULT_PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune,"
 TOOLS = ("llama-perplexity", "llama-bench", "llama-completion")
 
