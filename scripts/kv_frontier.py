@@ -105,6 +105,37 @@ def record(a, rows: list[dict], f16_ppl: float) -> None:
     kvplan.MEASURED.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """PNG of mean KLD against bits per value, ours against stock, with the stock frontier."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ours = is_ours(r["config"])
+        ax.scatter(r["bits"], r["kld"], c="tab:red" if ours else "tab:blue", marker="o" if ours else "s")
+        ax.annotate(r["config"], (r["bits"], r["kld"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    # the stock frontier: the best KLD any stock configuration reaches at or below each size
+    stock = sorted((r["bits"], r["kld"]) for r in rows if not is_ours(r["config"]))
+    front, best = [], float("inf")
+    for b, k in stock:
+        if k < best:
+            best = k
+            front.append((b, k))
+    if front:
+        ax.step([b for b, _ in front], [k for _, k in front], where="post", c="tab:blue", lw=0.8,
+                label="stock frontier")
+    ax.scatter([], [], c="tab:blue", marker="s", label="stock llama.cpp")
+    ax.scatter([], [], c="tab:red", marker="o", label="gguftool (cal: = kv-calibrate)")
+    ax.legend(fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per value (mean of K and V)")
+    ax.set_ylabel("mean KLD vs f16 cache")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -184,33 +215,7 @@ def main() -> int:
     if a.markdown:
         Path(a.markdown).write_text(markdown(rows, f16_ppl))
     if a.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in rows[1:]:
-            ours = is_ours(r["config"])
-            ax.scatter(r["bits"], r["kld"], c="tab:red" if ours else "tab:blue", marker="o" if ours else "s")
-            ax.annotate(r["config"], (r["bits"], r["kld"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        # the stock frontier: the best KLD any stock configuration reaches at or below each size
-        stock = sorted((r["bits"], r["kld"]) for r in rows[1:] if not is_ours(r["config"]))
-        front, best = [], float("inf")
-        for b, k in stock:
-            if k < best:
-                best = k
-                front.append((b, k))
-        if front:
-            ax.step([b for b, _ in front], [k for _, k in front], where="post", c="tab:blue", lw=0.8,
-                    label="stock frontier")
-        ax.scatter([], [], c="tab:blue", marker="s", label="stock llama.cpp")
-        ax.scatter([], [], c="tab:red", marker="o", label="gguftool (cal: = kv-calibrate)")
-        ax.legend(fontsize=8)
-        ax.set_yscale("log")
-        ax.set_xlabel("bits per value (mean of K and V)")
-        ax.set_ylabel("mean KLD vs f16 cache")
-        ax.set_title(f"{Path(a.model).name}: {Path(a.text).name}, {a.chunks} x {a.ctx}")
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=120)
+        plot(rows[1:], a.plot, f"{Path(a.model).name}: {Path(a.text).name}, {a.chunks} x {a.ctx}")
     return 0
 
 
