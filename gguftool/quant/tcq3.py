@@ -21,6 +21,7 @@ from ..errors import GgufToolError
 from ..types import BY_NAME
 from . import register
 from .rows import block_rows, c_dequantize, c_quantize, c_vec_dot_q8_0, float_rows, nonfinite_error, range_error
+from .tq3_1 import FP16_OVERFLOW, _to_fp16
 
 TYPE = BY_NAME["TQ3_3"]
 NAME = TYPE.name
@@ -29,8 +30,6 @@ BLOCK_BYTES = TYPE.type_size   # 26
 SEARCH = _tcq3.SEARCH          # starting scales 0.85, 0.95 .. times d0
 UNIT = _tcq3.UNIT              # levels per standard deviation: 127 / 2.5451
 LEVELS = np.array(_tcq3.LEVELS, dtype=np.int8)
-FP16_MAX = np.float32(65504.0)
-FP16_OVERFLOW = np.float32(65520.0)
 _L64 = LEVELS.astype(np.float64)
 _L32 = LEVELS.astype(np.float32)
 
@@ -119,12 +118,6 @@ def _windows(bits: np.ndarray) -> np.ndarray:
     """[nb, 64] branch bits -> each value's window b_i << 3 | b_{i-1} << 2 | b_{i-2} << 1 | b_{i-3}."""
     p = np.concatenate([np.zeros((len(bits), 3), np.uint8), bits], axis=1).astype(np.int64)
     return p[:, 3:] << 3 | p[:, 2:-1] << 2 | p[:, 1:-2] << 1 | p[:, :-3]
-
-
-def _to_fp16(d: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = d.astype(np.float32)
-    return np.minimum(s, FP16_MAX).astype(np.float16).view(np.uint16)
 
 
 def quantize_ref(x: np.ndarray, *, saturate: bool = False) -> np.ndarray:
