@@ -175,6 +175,16 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
         assert got["fast_vs_exact"] <= 2e-2, (how, out)
 
 
+@pytest.mark.parametrize("t", ["q4_0", *KV_TYPES])
+@pytest.mark.parametrize("rows,threads", [(1, 2), (1, 3), (2, 3), (7, 2)])
+def test_cache_writes_split_over_threads(native, t, rows, threads):
+    """SET_ROWS into our cache types runs on every thread, and a decode step's single row is split by blocks
+    (upstream runs the op on one thread): the cells written hold ggml_quantize_chunk's bytes of the same rows,
+    and the cells around them are untouched."""
+    d = max(256, gtypes.BY_NAME[t.upper()].block_size if t.upper() in gtypes.BY_NAME else 32)
+    assert check(native, "setrows", t, str(d), str(rows), str(threads)).strip() == "same=1"
+
+
 @pytest.mark.parametrize("name", OURS)
 def test_validate_row_data_checks_fp16_fields(native, name, tmp_path, rng):
     x = _weights(rng, rows=6, n=256)

@@ -199,12 +199,124 @@ static void gqt_fa_split(const ggml_tensor * mask, int64_t nek1, int ith, int nt
     }
 }
 
-// gguftool: decode with grouped-query attention reads each quantized V row once for all the query heads
-// that share it (to_float, then one f32 mad per head), where upstream's chunk code decodes the row once
-// per head; a TQ3 K row likewise (decoded by table look-up, dotted with each head's exact f32 query),
-// while other K types keep their own vec_dot with the query in their dot type, quantized once per call
-// (their decode is scalar C and costs more than the dots: q5_0 and iq4_nl keys ran 1.3x slower decoded).
-// false: not this case, the caller runs upstream's code.
+// gguftool: a tile of keys at a time. Vectors of 8 floats in GCC's vector extensions (clang has them too): one
+// source for AVX2, SSE2 and NEON, where GGML_F32_VEC's width is not fixed on SVE
+typedef float gqt_f8 __attribute__((vector_size(32)));
+// loads and stores by memcpy (unaligned); no vector is passed or returned by value, which changes the ABI where
+// AVX is off (GCC's -Wpsabi warning)
+static inline void gqt_ld8(gqt_f8 * v, const float * p) { memcpy(v, p, sizeof *v); }
+static inline void gqt_st8(float * p, const gqt_f8 * v) { memcpy(p, v, sizeof *v); }
+
+static inline float gqt_hsum8(const gqt_f8 * v) {
+    typedef float gqt_f4 __attribute__((vector_size(16)));
+    gqt_f4 lo, hi;
+    memcpy(&lo, v, sizeof lo);
+    memcpy(&hi, (const char *) v + sizeof lo, sizeof hi);
+    lo += hi;
+    return (lo[0] + lo[2]) + (lo[1] + lo[3]);
+}
+
+// s[g*T + t] = q[g] . K[t] for NG heads and n decoded keys, two keys at a time: each row is loaded once for all
+// the heads and each query chunk once for both keys, and the 2*NG sums are independent chains
+template <int NG>
+static void gqt_fa_dot_tile(int64_t D, int n, const float * K, const float * const * q, float * s, int T) {
+    const int64_t D8 = D & ~(int64_t) 7;
+    int t = 0;
+    for (; t + 2 <= n; t += 2) {
+        const float * k0 = K + t*D, * k1 = k0 + D;
+        gqt_f8 a[NG][2];
+        for (int g = 0; g < NG; ++g) a[g][0] = a[g][1] = gqt_f8 {};
+        for (int64_t d = 0; d < D8; d += 8) {
+            gqt_f8 x0, x1, y;
+            gqt_ld8(&x0, k0 + d);
+            gqt_ld8(&x1, k1 + d);
+            for (int g = 0; g < NG; ++g) {
+                gqt_ld8(&y, q[g] + d);
+                a[g][0] += y * x0;
+                a[g][1] += y * x1;
+            }
+        }
+        for (int g = 0; g < NG; ++g) {
+            float r0 = gqt_hsum8(&a[g][0]), r1 = gqt_hsum8(&a[g][1]);
+            for (int64_t e = D8; e < D; ++e) { r0 += q[g][e] * k0[e]; r1 += q[g][e] * k1[e]; }
+            s[g*T + t] = r0;
+            s[g*T + t + 1] = r1;
+        }
+    }
+    for (; t < n; ++t) {
+        const float * k0 = K + t*D;
+        for (int g = 0; g < NG; ++g) {
+            gqt_f8 a = {};
+            for (int64_t d = 0; d < D8; d += 8) {
+                gqt_f8 x, y;
+                gqt_ld8(&x, k0 + d);
+                gqt_ld8(&y, q[g] + d);
+                a += x * y;
+            }
+            float r = gqt_hsum8(&a);
+            for (int64_t e = D8; e < D; ++e) r += q[g][e] * k0[e];
+            s[g*T + t] = r;
+        }
+    }
+}
+
+// acc[g][0..D) += sum over t < n of w[g*T + t] * V[t]: the accumulators stay in registers over the tile, where a
+// mad per key and head loads and stores them every time
+template <int NG>
+static void gqt_fa_mad_tile(int64_t D, int n, const float * V, const float * w, int T, float * const * acc) {
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        gqt_f8 a[NG][2];
+        for (int g = 0; g < NG; ++g) { gqt_ld8(&a[g][0], acc[g] + d); gqt_ld8(&a[g][1], acc[g] + d + 8); }
+        for (int t = 0; t < n; ++t) {
+            gqt_f8 v0, v1;
+            gqt_ld8(&v0, V + t*D + d);
+            gqt_ld8(&v1, V + t*D + d + 8);
+            for (int g = 0; g < NG; ++g) {
+                const float x = w[g*T + t];
+                a[g][0] += x * v0;
+                a[g][1] += x * v1;
+            }
+        }
+        for (int g = 0; g < NG; ++g) { gqt_st8(acc[g] + d, &a[g][0]); gqt_st8(acc[g] + d + 8, &a[g][1]); }
+    }
+    for (; d < D; ++d) {
+        for (int g = 0; g < NG; ++g) {
+            for (int t = 0; t < n; ++t) acc[g][d] += w[g*T + t] * V[t*D + d];
+        }
+    }
+}
+
+// the templates for 1..4 heads, over the group's heads four at a time
+template <template <int> class F, typename... A>
+static void gqt_fa_heads(int64_t G, A... a) {
+    for (int64_t g = 0; g < G; g += 4) {
+        switch (G - g < 4 ? G - g : 4) {
+            case 1: F<1>::run(g, a...); break;
+            case 2: F<2>::run(g, a...); break;
+            case 3: F<3>::run(g, a...); break;
+            default: F<4>::run(g, a...); break;
+        }
+    }
+}
+template <int NG> struct gqt_fa_dot_heads {
+    static void run(int64_t g, int64_t D, int n, const float * K, const float * const * q, float * s, int T) {
+        gqt_fa_dot_tile<NG>(D, n, K, q + g, s + g*T, T);
+    }
+};
+template <int NG> struct gqt_fa_mad_heads {
+    static void run(int64_t g, int64_t D, int n, const float * V, const float * w, int T, float * const * acc) {
+        gqt_fa_mad_tile<NG>(D, n, V, w + g*T, T, acc + g);
+    }
+};
+
+// gguftool: decode with grouped-query attention reads each quantized K and V row once for all the query heads
+// that share it, where upstream's chunk code reads it once per head. The keys go in tiles: the tile's V rows
+// are decoded (to_float), its scores turned into weights by one vectorized exp per head, and the weighted rows
+// added to every head's accumulator with the accumulators held in registers. A TQ3 K row is decoded too
+// (table look-up) and dotted with each head's exact f32 query; other K types keep their own vec_dot with the
+// query in their dot type, quantized once per call (their decode is scalar C and costs more than the dots:
+// q5_0 and iq4_nl keys ran 1.3x slower decoded). false: not this case, the caller runs upstream's code.
 static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor * dst, int64_t ic0, int64_t ic1,
                            float * partials, int64_t partial_stride) {
     static const bool off = getenv("GGUFTOOL_FA_GROUPED") && atoi(getenv("GGUFTOOL_FA_GROUPED")) == 0;
@@ -233,28 +345,31 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
     ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     const size_t q_row = ggml_row_size(k_dot_type, DK);
-    static thread_local std::vector<char> q_dot;   // the group's queries in K's dot type
-    float * Kf = (float *) params->wdata + params->ith * (DK + 2*DV + CACHE_LINE_SIZE_F32);
-    float * Vf = Kf + DK;
+    // keys per tile: the tile's decoded rows (16 KiB) stay in L1 while every head reads them
+    const int T = (int) std::max<int64_t>(4, std::min<int64_t>(32, 2048 / std::max(DK, DV)));
+    // per thread: the group's queries in K's dot type, the tile's decoded K and V rows, its scores (then
+    // weights) per head, and [M, S, VKQ] per head (the partials of the threads share cache lines, and writing
+    // them per key made two threads slower than one)
+    static thread_local std::vector<char> q_dot;
+    static thread_local std::vector<float> buf;
+    buf.resize(T*(DK + DV) + G*T + G*(2 + DV));
+    float * Kt = buf.data(), * Vt = Kt + T*DK, * st = Vt + T*DV, * acc = st + G*T;
+    static thread_local std::vector<float *> vkq;
+    static thread_local std::vector<const float *> qh;
+    vkq.resize(G);
+    qh.resize(G);
+    int64_t cell[32];
     const ggml_fp16_t * mp = mask ? (const ggml_fp16_t *) mask->data : NULL;
-    // [M, S, VKQ] of the group's heads, local to the thread: the partials of the threads share cache
-    // lines, and writing them per key made two threads slower than one
-    static thread_local std::vector<float> acc;
-    acc.resize(G * (2 + DV));
-    // online softmax: one more score s (and its value row, none for a sink) into p = [M, S, VKQ]
-    auto add = [DV](float * p, float s, const float * row) {
-        float w = 1.0f;
-        if (s > p[0]) {   // a new maximum: rescale what is there, this score weighs 1
+    const ggml_fp16_t ninf = GGML_CPU_FP32_TO_FP16(-INFINITY);
+    // online softmax: one more score s with no value row (a sink) into p = [M, S, VKQ]
+    auto add_sink = [DV](float * p, float s) {
+        if (s > p[0]) {
             const float ms = expf(p[0] - s);
             p[0] = s;
             ggml_vec_scale_f32(DV, p + 2, ms);
-            p[1] *= ms;
+            p[1] = p[1]*ms + 1.0f;
         } else {
-            w = expf(s - p[0]);
-        }
-        p[1] += w;
-        if (row) {
-            ggml_vec_mad_f32(DV, p + 2, row, w);
+            p[1] += expf(s - p[0]);
         }
     };
     if (!k_decode) {
@@ -262,52 +377,105 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     }
     for (int64_t hk = 0; hk < nhk; ++hk) {
         for (int64_t g = 0; g < G; ++g) {
-            float * p = acc.data() + g * (2 + DV);
+            float * p = acc + g * (2 + DV);
             p[0] = -INFINITY;
             p[1] = 0.0f;
             memset(p + 2, 0, DV * sizeof(float));
+            vkq[g] = p + 2;
+            qh[g] = (const float *) ((const char *) q->data + (hk*G + g)*q->nb[2]);
             if (!k_decode) {
-                ggml_get_type_traits_cpu(k_dot_type)->from_float(
-                    (const float *) ((const char *) q->data + (hk*G + g)*q->nb[2]), q_dot.data() + g*q_row, DK);
+                ggml_get_type_traits_cpu(k_dot_type)->from_float(qh[g], q_dot.data() + g*q_row, DK);
             }
         }
-        for (int64_t ic = ic0; ic < ic1; ++ic) {
-            const float mv = mp ? GGML_CPU_FP16_TO_FP32(mp[ic]) : 0.0f;
-            if (mv == -INFINITY) {
-                continue;
+        for (int64_t ic = ic0; ic < ic1; ) {
+            // the next tile: up to T keys the mask leaves
+            int n = 0;
+            for (; ic < ic1 && n < T; ++ic) {
+                if (!mp || mp[ic] != ninf) {
+                    cell[n++] = ic;
+                }
             }
-            const char * k_data = (const char *) k->data + ic*k->nb[1] + hk*k->nb[2];
+            if (n == 0) {
+                break;
+            }
+            const char * k_base = (const char *) k->data + hk*k->nb[2];
+            const char * v_base = (const char *) v->data + hk*v->nb[2];
             if (k_decode) {
-                k_to_float(k_data, Kf, DK);
-            }
-            v_to_float((const char *) v->data + ic*v->nb[1] + hk*v->nb[2], Vf, DV);
-            for (int64_t h = hk*G; h < (hk + 1)*G; ++h) {
-                const float slope = max_bias > 0.0f ? (h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2*(h - n_head_log2) + 1)) : 1.0f;
-                float s;
-                if (k_decode) {
-                    ggml_vec_dot_f32(DK, &s, 0, Kf, 0, (const float *) ((const char *) q->data + h*q->nb[2]), 0, 1);
-                } else {
-                    kq_vec_dot(DK, &s, 0, k_data, 0, q_dot.data() + (h - hk*G)*q_row, 0, 1);
+                for (int t = 0; t < n; ++t) {
+                    k_to_float(k_base + cell[t]*k->nb[1], Kt + t*DK, DK);
                 }
-                s *= scale;
-                if (softcap != 0.0f) {
-                    s = softcap*tanhf(s);
+                gqt_fa_heads<gqt_fa_dot_heads>(G, DK, n, (const float *) Kt, (const float * const *) qh.data(), st, T);
+            } else {
+                for (int t = 0; t < n; ++t) {
+                    for (int64_t g = 0; g < G; ++g) {
+                        kq_vec_dot(DK, st + g*T + t, 0, k_base + cell[t]*k->nb[1], 0, q_dot.data() + g*q_row, 0, 1);
+                    }
                 }
-                add(acc.data() + (h - hk*G) * (2 + DV), s + slope*mv, Vf);
             }
+            for (int t = 0; t < n; ++t) {
+                v_to_float(v_base + cell[t]*v->nb[1], Vt + t*DV, DV);
+            }
+            for (int64_t g = 0; g < G; ++g) {
+                const int64_t h = hk*G + g;
+                const float hs = max_bias > 0.0f ? (h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2*(h - n_head_log2) + 1)) : 1.0f;
+                float * s = st + g*T, * p = acc + g*(2 + DV);
+                float mx = -INFINITY;
+                for (int t = 0; t < n; ++t) {
+                    float x = s[t]*scale;
+                    if (softcap != 0.0f) {
+                        x = softcap*tanhf(x);
+                    }
+                    s[t] = x + (mp ? hs*GGML_CPU_FP16_TO_FP32(mp[cell[t]]) : 0.0f);
+                    mx = std::max(mx, s[t]);
+                }
+                if (mx > p[0]) {   // a new maximum: rescale what is there
+                    if (p[1] != 0.0f) {
+                        const float ms = expf(p[0] - mx);
+                        ggml_vec_scale_f32(DV, p + 2, ms);
+                        p[1] *= ms;
+                    }
+                    p[0] = mx;
+                }
+                p[1] += (float) ggml_vec_soft_max_f32(n, s, s, p[0]);   // the scores become weights
+            }
+            gqt_fa_heads<gqt_fa_mad_heads>(G, DV, n, (const float *) Vt, (const float *) st, T, vkq.data());
         }
-        for (int64_t h = hk*G; h < (hk + 1)*G; ++h) {
-            float * p = acc.data() + (h - hk*G) * (2 + DV);
+        for (int64_t g = 0; g < G; ++g) {
+            float * p = acc + g*(2 + DV);
             if (sinks && ic0 == 0) {   // as upstream's chunk code: the chunk that starts at cell 0 adds them
-                add(p, ((const float *) sinks->data)[h], nullptr);
+                add_sink(p, ((const float *) sinks->data)[hk*G + g]);
             }
-            memcpy(partials + h * partial_stride, p, (2 + DV) * sizeof(float));
+            memcpy(partials + (hk*G + g) * partial_stride, p, (2 + DV) * sizeof(float));
         }
     }
     return true;
 }
 
 """
+
+# ggml_compute_forward_set_rows_impl: fewer rows than threads (a decode step writes one row per layer, with
+# n_tasks > 1 only for our types): each thread quantizes its share of the blocks of every row
+_SET_ROWS_SPLIT = """\
+    if constexpr (std::is_same_v<src_t, float>) { // gguftool
+        const int64_t bs = ggml_blck_size(dst->type), nblk = nc / bs;
+        if (nth > 1 && nr < nth && nblk >= nth) {
+            const int64_t b0 = nblk*ith/nth, b1 = nblk*(ith + 1)/nth;
+            for (int64_t i03 = 0; i03 < ne03; ++i03) {
+                for (int64_t i02 = 0; i02 < ne02; ++i02) {
+                    for (int64_t i = 0; i < nr; ++i) {
+                        const int64_t i1 = *(idx_t *) ((char *) src1->data + i*nb10 + (i02%ne11)*nb11 + (i03%ne12)*nb12);
+                        GGML_ASSERT(i1 >= 0 && i1 < ne1);
+                        from_float((const float *) ((char *) src0->data + i*nb01 + i02*nb02 + i03*nb03) + b0*bs,
+                                   (char *) dst->data + i1*nb1 + i02*nb2 + i03*nb3 + b0*ggml_type_size(dst->type),
+                                   (b1 - b0)*bs);
+                    }
+                }
+            }
+            return;
+        }
+    }
+"""
+
 
 def edits() -> list[Edit]:
     up = source.PINNED.ggml_type_count
@@ -381,6 +549,17 @@ def edits() -> list[Edit]:
              "        ggml_flash_attn_ext_reduce_partials(params, dst, nth, chunk_size);\n",
              "        ggml_flash_attn_ext_reduce_partials(params, dst, nth, 0); // gguftool: see gqt_fa_split\n",
              where="replace"),
+        # writing the cache: upstream runs SET_ROWS on one thread (a FIXME about GPU offload); our types'
+        # quantizers search (TQ3_3's Viterbi costs ~15 us a 256-value row), so every thread takes a share,
+        # and a decode step's single row is split by blocks
+        Edit("ggml/src/ggml-cpu/ggml-cpu.c",
+             "                //n_tasks = n_threads;\n                n_tasks = 1;\n",
+             "                if (node->op == GGML_OP_SET_ROWS && ("
+             + " || ".join(f"node->type == GGML_TYPE_{t.name}" for t in gtypes.CUSTOM_TYPES if t.kv_cache)
+             + ")) { // gguftool\n                    n_tasks = n_threads;\n                }\n"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "    ggml_from_float_t const from_float = ggml_get_type_traits_cpu(dst->type)->from_float;\n",
+             _SET_ROWS_SPLIT),
         # --cache-type-k/-v: upstream's list, then ours
         Edit("common/arg.cpp", "    GGML_TYPE_Q5_1,\n};\n",
              "    GGML_TYPE_Q5_1,\n"

@@ -326,6 +326,42 @@ static int cmd_fa(const char * kname, const char * vname, long long D, long long
     return 0;
 }
 
+/* SET_ROWS of ROWS rows of N normal values into cells 3.. of a TYPE cache of ROWS + 5 cells, on THREADS
+ * threads: 0 when the cells hold ggml_quantize_chunk's bytes of the same rows and the others stay untouched
+ * (our build splits a row by blocks when there are fewer rows than threads) */
+static int cmd_setrows(const char * tname, long long n, long long rows, int threads) {
+    const enum ggml_type t = type_by_name(tname);
+    if (n <= 0 || rows <= 0 || threads <= 0 || n % ggml_blck_size(t)) {
+        fprintf(stderr, "gguftool-check: bad setrows shape\n");
+        return 2;
+    }
+    const long long cells = rows + 5;
+    struct ggml_init_params ip = { (size_t) (n * (rows + cells) * 8 + rows * 8) + (16u << 20), NULL, false };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * src = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, rows);
+    struct ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, rows);
+    struct ggml_tensor * cache = ggml_new_tensor_2d(ctx, t, n, cells);
+    for (long long i = 0; i < n * rows; ++i) ((float *) src->data)[i] = normal();
+    for (long long r = 0; r < rows; ++r) ((int64_t *) idx->data)[r] = 3 + r;
+    memset(cache->data, 0xA5, ggml_nbytes(cache));
+    struct ggml_tensor * out = ggml_set_rows(ctx, cache, src, idx);
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    struct ggml_cplan plan = ggml_graph_plan(gf, threads, NULL);
+    plan.work_data = malloc(plan.work_size + 64);
+    if (ggml_graph_compute(gf, &plan) != GGML_STATUS_SUCCESS) { fprintf(stderr, "compute failed\n"); return 2; }
+    const size_t rs = ggml_row_size(t, n);
+    char * want = malloc(rs * (size_t) cells);
+    memset(want, 0xA5, rs * (size_t) cells);
+    ggml_quantize_chunk(t, (const float *) src->data, want + 3 * rs, 0, rows, n, NULL);
+    const int same = memcmp(want, cache->data, rs * (size_t) cells) == 0;
+    printf("same=%d\n", same);
+    free(want);
+    free(plan.work_data);
+    ggml_free(ctx);
+    return same ? 0 : 1;
+}
+
 int main(int argc, char ** argv) {
     ggml_cpu_init();
     if (argc == 2 && strcmp(argv[1], "types") == 0) return cmd_types();
@@ -336,8 +372,9 @@ int main(int argc, char ** argv) {
     if ((argc == 10 || argc == 11) && strcmp(argv[1], "fa") == 0)
         return cmd_fa(argv[2], argv[3], atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]), atoi(argv[8]), atoi(argv[9]),
                       argc == 11 ? atoll(argv[10]) : 0);
+    if (argc == 6 && strcmp(argv[1], "setrows") == 0) return cmd_setrows(argv[2], atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc >= 6 && strcmp(argv[1], "speed") == 0) return cmd_speed(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), argc - 5, argv + 5);
     fprintf(stderr, "usage: gguftool-check types | quant TYPE N_PER_ROW IN.f32 OUT.q OUT.f32 | "
-                    "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q | speed N ROWS REPS TYPE...\n");
+                    "dot TYPE N X.f32 Y.f32 [OUT_X.q OUT_Y.q] | validate TYPE FILE.q | setrows TYPE N ROWS THREADS | speed N ROWS REPS TYPE...\n");
     return 2;
 }
