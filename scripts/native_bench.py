@@ -70,22 +70,26 @@ def main() -> int:
     cols = [kv_col(kv) for kv in a.kv.split(",")] if a.kv else [(m, None) for m in models]
     name = {c: Path(c[0]).name + (f" KV {c[1]}" if c[1] else "") for c in cols}
     runs: dict = {c: [] for c in cols}
+    tests = [k for k, n in (("pp", a.pp), ("tg", a.tg)) if n > 0]   # --pp 0 or --tg 0 leaves that test out
+    if not tests:
+        raise SystemExit("--pp and --tg are both 0: nothing to measure")
     for rnd in range(a.rounds):
         for c in cols:
             res = bench_once(binary, c[0], c[1], a)
             runs[c].append(res)
-            print(f"round {rnd + 1}: {name[c]}: pp{a.pp} {res['pp']:.1f} t/s, tg{a.tg} {res['tg']:.1f} t/s",
+            print(f"round {rnd + 1}: {name[c]}: " + ", ".join(f"{k}{getattr(a, k)} {res[k]:.1f} t/s" for k in tests),
                   file=sys.stderr, flush=True)
-    med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in ("pp", "tg")} for c in cols}
+    med = {c: {k: statistics.median(r[k] for r in runs[c]) for k in tests} for c in cols}
     peer = cols[0]
     load = os.getloadavg()[0]
     print(f"\nllama-bench, {a.threads} threads, depth {a.depth}, median of {a.rounds} interleaved rounds x "
           f"{a.reps} reps (load average {load:.1f} at the end); ratios to {name[peer]}\n")
-    print(f"| column | pp{a.pp} t/s | tg{a.tg} t/s | pp ratio | tg ratio |")
-    print("|---|---|---|---|---|")
+    print("| column | " + " | ".join(f"{k}{getattr(a, k)} t/s" for k in tests) + " | "
+          + " | ".join(f"{k} ratio" for k in tests) + " |")
+    print("|---" * (1 + 2 * len(tests)) + "|")
     for c in cols:
-        print(f"| {name[c]} | {med[c]['pp']:.1f} | {med[c]['tg']:.1f} | "
-              f"{med[c]['pp'] / med[peer]['pp']:.3f} | {med[c]['tg'] / med[peer]['tg']:.3f} |")
+        print(f"| {name[c]} | " + " | ".join(f"{med[c][k]:.1f}" for k in tests) + " | "
+              + " | ".join(f"{med[c][k] / med[peer][k]:.3f}" for k in tests) + " |")
     result = {"threads": a.threads, "pp": a.pp, "tg": a.tg, "depth": a.depth, "rounds": a.rounds, "reps": a.reps,
               "load_end": load, "columns": [{"column": name[c], "median": med[c], "runs": runs[c]} for c in cols]}
     if a.json:
