@@ -369,3 +369,30 @@ def test_values_beyond_fp16_are_refused_with_the_row_as_llama_quantize_refuses_t
     fails(capsys, ["quantize", str(model), str(tmp_path / "o.gguf"), "Q8_0", "--pure", "--tensor-type",
                    f"weight={tname}"], rf"blk\.0\.ffn_up\.weight.*cannot quantize to {tname}: row 2, columns")
     assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("failure", ["input", "planner"])
+def test_legacy_mix_falls_back_only_when_llama_quantize_cannot_plan(monkeypatch, capsys, failure):
+    """A legacy target (Q4_0) is planned by llama-quantize when the build exists. If llama-quantize cannot plan
+    the model (an architecture it does not know), gguftool's own rules make it, with a warning; an error gguftool
+    found in the input itself stops the run, as it does for every other target."""
+    from gguftool.cli import planning as cli_planning
+    from gguftool.native import tools
+    from gguftool.pipeline import llama_mix
+    from gguftool.pipeline import plan as pipeline_plan
+
+    def plan_model(src, ft, **kw):
+        if failure == "input":
+            raise GgufToolError("model.gguf: metadata key general.name holds an array, expected a string")
+        raise llama_mix.PlanError("model.gguf: llama-quantize could not plan Q4_0 (exit 1)")
+
+    monkeypatch.setattr(tools, "find_build", lambda *a, **k: None)
+    monkeypatch.setattr(llama_mix, "plan_model", plan_model)
+    opts = pipeline_plan.Options(target="Q4_0")
+    if failure == "input":
+        with pytest.raises(GgufToolError, match="holds an array"):
+            cli_planning.llama_file_type(opts, None, None)
+    else:
+        cli_planning.llama_file_type(opts, None, None)
+        assert "using gguftool's rules for Q4_0" in capsys.readouterr().err
+        assert opts.mix is None

@@ -183,8 +183,8 @@ def llama_file_type(opts: planning.Options, src: ModelSource, imatrix_path: Path
                             f"build ({e.message})", hint="run `gguftool native build` (~5 min on 2 cores)") from None
     try:
         opts.mix = llama_mix.plan_model(src, ft, pure=opts.pure, imatrix=imatrix_path)
-    except GgufToolError as e:
-        if not legacy:
+    except llama_mix.PlanError as e:   # llama-quantize could not plan it (an architecture it does not know):
+        if not legacy:                 # gguftool's rules still make the legacy types; input errors go through
             raise
         warn(f"{e.message.splitlines()[0]}; using gguftool's rules for {ft}")
         return

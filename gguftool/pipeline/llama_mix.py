@@ -51,6 +51,10 @@ def requires_imatrix(tensor: str, type_name: str, file_type: str | None) -> bool
     return type_name in NEEDS_IMATRIX or (type_name == "Q2_K" and file_type == "Q2_K_S")
 
 
+class PlanError(GgufToolError):
+    """llama-quantize ran (or could not be started) and gave no plan: not a fault gguftool found in the input."""
+
+
 def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | None = None,
          prune: list[int] | None = None) -> dict[str, str]:
     """{tensor name: type name} as the native build's llama-quantize would write `model` as `file_type`
@@ -63,7 +67,7 @@ def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | Non
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise GgufToolError(f"{exe}: the {file_type} plan failed: {e}") from None
+        raise PlanError(f"{exe}: the {file_type} plan failed: {e}") from None
     types: dict[str, str] = {}
     for line in (r.stdout + r.stderr).splitlines():
         m = _LINE.match(line.strip())
@@ -72,7 +76,7 @@ def plan(model: Path, file_type: str, *, pure: bool = False, imatrix: Path | Non
             types[name] = (new or cur).upper()
     if r.returncode != 0 or not types:
         tail = "\n  ".join((r.stderr or r.stdout).strip().splitlines()[-6:])
-        raise GgufToolError(f"{model}: llama-quantize could not plan {file_type} (exit {r.returncode}):\n  {tail}",
+        raise PlanError(f"{model}: llama-quantize could not plan {file_type} (exit {r.returncode}):\n  {tail}",
                             hint=f"command: {' '.join(cmd)}")
     return types
 
