@@ -218,6 +218,45 @@ def test_gguf_without_imatrix_keys_is_refused(tmp_path, rng):
         imatrix_io.load(p)
 
 
+def _imatrix_file(path: Path, datasets=("text",), chunk_count=("uint32", 3), chunk_size=("uint32", 512),
+                  sums=None, counts=None) -> Path:
+    w = GGUFWriter(path, "imatrix")
+    w.add_string("general.type", "imatrix")
+    for key, (kind, value) in (("imatrix.chunk_count", chunk_count), ("imatrix.chunk_size", chunk_size)):
+        getattr(w, f"add_{kind}")(key, value)
+    if isinstance(datasets, tuple):
+        w.add_array("imatrix.datasets", list(datasets))
+    else:
+        w.add_uint32("imatrix.datasets", datasets)
+    w.add_tensor("blk.0.attn_q.weight.in_sum2", np.ones((1, 8), np.float32) * 4 if sums is None else sums)
+    w.add_tensor("blk.0.attn_q.weight.counts", np.array([[2]], np.float32) if counts is None else counts)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"datasets": 7}, "imatrix.datasets is uint32, expected an array of strings"),
+    ({"chunk_count": ("string", "3")}, "imatrix.chunk_count is string, expected an integer"),
+    ({"chunk_count": ("float32", 3.0)}, "imatrix.chunk_count is float32, expected an integer"),
+    ({"chunk_size": ("array", [1, 2])}, "imatrix.chunk_size is array of int32, expected an integer"),
+    ({"chunk_count": ("int32", -1)}, "imatrix.chunk_count is -1, expected a count"),
+    ({"sums": np.array([[1, np.nan, 1, 1, 1, 1, 1, 1]], np.float32)}, "attn_q.weight: the sums or counts hold NaN"),
+    ({"counts": np.array([[np.inf]], np.float32)}, "attn_q.weight: the sums or counts hold NaN"),
+])
+def test_gguf_imatrix_with_wrong_typed_metadata_or_data_is_named(tmp_path, bad, match):
+    """llama-imatrix writes datasets as an array of strings and the chunk counts as integers; anything else,
+    and sums or counts that are not finite, is an error naming the file and the key or tensor."""
+    ok = imatrix_io.load(_imatrix_file(tmp_path / "ok.gguf"))
+    assert ok.chunk_count == 3 and ok.datasets == ["text"]
+    np.testing.assert_array_equal(ok.entries["blk.0.attn_q.weight"], np.full(8, 2, np.float32))
+    with pytest.raises(GgufToolError, match=match) as e:
+        imatrix_io.load(_imatrix_file(tmp_path / "bad.gguf", **bad))
+    assert "bad.gguf" in e.value.message
+
+
 @pytest.mark.native
 def test_imatrix_types_need_an_imatrix_and_mismatches_are_named(native, tiny, tmp_path, rng, capsys):  # noqa: F811
     model, _ = tiny

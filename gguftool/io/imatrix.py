@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from gguf import GGUFValueType
 
 from ..errors import GgufToolError
 
@@ -74,14 +75,39 @@ def _load_gguf(path: Path) -> Imatrix:
         if name not in sums or name not in counts:
             raise GgufToolError(f"{path}: {name} has {'sums' if name in sums else 'counts'} but no "
                                 f"{'counts' if name in sums else 'sums'}")
+        if not (np.isfinite(sums[name]).all() and np.isfinite(counts[name]).all()):
+            raise GgufToolError(f"{path}: {name}: the sums or counts hold NaN or infinity",
+                                hint="remake the imatrix (`gguftool imatrix MODEL`)")
         s, c = sums[name], np.round(counts[name]).astype(np.float32)   # counts are whole token counts (lround)
         if c.size == 0 or s.size % c.size:
             raise GgufToolError(f"{path}: {name}: {s.size} sums do not split into {c.size} matrices")
         s = s.reshape(c.size, -1)
         entries[name] = np.where(c[:, None] > 0, s / np.where(c > 0, c, 1)[:, None], np.float32(1)).reshape(-1)
+    for key in (keys.CHUNK_SIZE, keys.CHUNK_COUNT):
+        _whole_number(path, fields[key])
     ds = fields[keys.DATASETS]
+    if ds.types != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
+        raise GgufToolError(f"{path}: metadata {keys.DATASETS} is {_type_name(ds)}, expected an array of strings")
     datasets = [bytes(ds.parts[i]).decode("utf-8", "replace") for i in ds.data]
-    return Imatrix(path, entries, datasets, int(fields[keys.CHUNK_COUNT].parts[-1][0]))
+    return Imatrix(path, entries, datasets, _whole_number(path, fields[keys.CHUNK_COUNT]))
+
+
+_INTEGER_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+                  GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
+
+
+def _type_name(field) -> str:
+    return " of ".join(t.name.lower() for t in field.types) or "empty"
+
+
+def _whole_number(path: Path, field) -> int:
+    """An imatrix count (chunk_count, chunk_size): one integer >= 0; llama.cpp reads them as int32."""
+    if len(field.types) != 1 or field.types[0] not in _INTEGER_TYPES:
+        raise GgufToolError(f"{path}: metadata {field.name} is {_type_name(field)}, expected an integer")
+    value = int(field.parts[-1][0])
+    if value < 0:
+        raise GgufToolError(f"{path}: metadata {field.name} is {value}, expected a count (>= 0)")
+    return value
 
 
 def _load_legacy(path: Path) -> Imatrix:
