@@ -42,6 +42,9 @@ def native_lib(request, tmp_path_factory):
     lib = ctypes.CDLL(str(so))
     lib.gqt_hqq_quantize_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                           ctypes.c_int64, ctypes.POINTER(Params)]
+    lib.gqt_hqq_quantize_rows_weighted.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                                   ctypes.c_int64, ctypes.POINTER(Params), ctypes.c_void_p,
+                                                   ctypes.c_int64]
     lib.gqt_hqq_default_params.argtypes = [ctypes.POINTER(Params)]
     return lib
 
@@ -65,6 +68,32 @@ def test_native_build_matches_known_answers(native_lib):
                                                   ctypes.byref(p))
             assert rc == 0
             assert np.array_equal(out, want), f"{target} {pname}: native build differs"
+
+
+def test_native_build_weighted_matches_numpy(native_lib):
+    """The weighted solver (importance weights per column, with zeros and huge ratios) built the native way
+    writes the numpy reference's bytes."""
+    from gguftool.quant import hqq as H
+    from tests.test_hqq_kat import PARAM_SETS, TARGETS
+    with np.load(KAT) as f:
+        x = np.ascontiguousarray(f["x"])
+    rng = np.random.default_rng(3)
+    w = (rng.gamma(0.5, size=x.shape[1]) * 10.0 ** rng.uniform(-20, 20, x.shape[1])).astype(np.float32)
+    w[rng.integers(0, x.shape[1], 40)] = 0
+    w[32:64] = 0
+    for target in TARGETS:
+        tid = H.TARGETS[target][0]
+        for pname, prm in PARAM_SETS.items():
+            p = Params()
+            native_lib.gqt_hqq_default_params(ctypes.byref(p))
+            for k, v in prm.items():
+                setattr(p, k, v)
+            want = H.quantize_hqq_ref(x, target, imatrix=w, **prm)
+            out = np.zeros_like(want)
+            rc = native_lib.gqt_hqq_quantize_rows_weighted(tid, x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1],
+                                                           ctypes.byref(p), w.ctypes.data, 0)
+            assert rc == 0
+            assert np.array_equal(out, want), f"{target} {pname}: weighted native build differs"
 
 
 # reads "target rows n lp_norm beta kappa iters early_stop scale_search refit\n" and rows*n floats,

@@ -18,6 +18,8 @@ cdef extern from "gqt_hqq.h" nogil:
     float gqt_hqq_scale_step(int i)
     int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                               const gqt_hqq_params * p)
+    int gqt_hqq_quantize_rows_weighted(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                                       const gqt_hqq_params * p, const float * weights, int64_t weights_stride)
     int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row)
     size_t gqt_hqq_row_size(int target, int64_t n_per_row)
     void gqt_hqq_default_params(gqt_hqq_params * p)
@@ -59,18 +61,29 @@ def default_params():
 
 
 def quantize_rows(int target, const float[:, ::1] x, unsigned char[:, ::1] out, float lp_norm, float beta,
-                  float kappa, int iters, int early_stop, int scale_search, int refit):
-    """x [rows, n] -> out [rows, row_bytes]; returns the C status code (0 = GQT_OK)."""
+                  float kappa, int iters, int early_stop, int scale_search, int refit, weights=None):
+    """x [rows, n] -> out [rows, row_bytes]; returns the C status code (0 = GQT_OK). weights: None, or float32
+    importance weights [1, n] (per column, for every row) or [rows, n] (per value)."""
     cdef gqt_hqq_params p
     cdef int rc
+    cdef const float[:, ::1] w
+    cdef const float * wp = NULL
+    cdef int64_t stride = 0
     p.lp_norm, p.beta, p.kappa = lp_norm, beta, kappa
     p.iters, p.early_stop, p.scale_search, p.refit = iters, early_stop, scale_search, refit
     if x.shape[0] != out.shape[0] or <size_t> out.shape[1] != gqt_hqq_row_size(target, x.shape[1]):
         return GQT_ERR_SHAPE
+    if weights is not None:
+        w = weights
+        if w.shape[1] != x.shape[1] or (w.shape[0] != 1 and w.shape[0] != x.shape[0]):
+            return GQT_ERR_SHAPE
+        stride = 0 if w.shape[0] == 1 else w.shape[1]
     if x.shape[0] == 0:
         return GQT_OK
+    if weights is not None:
+        wp = &w[0, 0]
     with nogil:
-        rc = gqt_hqq_quantize_rows(target, &x[0, 0], &out[0, 0], x.shape[0], x.shape[1], &p)
+        rc = gqt_hqq_quantize_rows_weighted(target, &x[0, 0], &out[0, 0], x.shape[0], x.shape[1], &p, wp, stride)
     return rc
 
 

@@ -171,8 +171,8 @@ static void step_table_fill(step_table * T, int it) {
 
 /* One proximal step of one lane in plain scalar code, the shrink included: for the rare steps
  * where some residual is large enough to survive the shrink. */
-static void step_scalar(const float * X, int l, int G, float s, float z, float qmax, const step_table * T,
-                        int it, float * zsum, float * esum) {
+static void step_scalar(const float * X, const float * WX, int l, int G, float s, float z, float qmax,
+                        const step_table * T, int it, float * zsum, float * esum) {
     float zs = 0.0f, es = 0.0f;
     for (int j = 0; j < G; j++) {
         const float W_f = X[LANES * j + l];
@@ -180,24 +180,32 @@ static void step_scalar(const float * X, int l, int G, float s, float z, float q
         const float W_r = (W_q - z) / s;
         const float r = W_f - W_r;
         const float W_e = shrink_lp(r, T->beta[it], T->pm1, T->live_min[it]);
-        zs += W_q - (W_f - W_e) * s;
-        es += fabsf(r);
+        if (WX) {   /* weighted: w * term (w = 1 gives the unweighted sums exactly) */
+            const float wj = WX[LANES * j + l];
+            zs += wj * (W_q - (W_f - W_e) * s);
+            es += wj * fabsf(r);
+        } else {
+            zs += W_q - (W_f - W_e) * s;
+            es += fabsf(r);
+        }
     }
     *zsum = zs;
     *esum = es;
 }
 
-typedef struct { const float * x; float s; float z; } zero_job;   /* z: start value in, result out */
+/* z: start value in, result out; w: the block's normalized importance weights (NULL: unweighted), sw their sum */
+typedef struct { const float * x; const float * w; float sw; float s; float z; } zero_job;
 
 /* hqq's proximal loop for the zero of every job (a block and an inverse scale s):
  *   W_q = rint(clamp(W_f*s + z)), W_r = (W_q - z)/s, W_e = shrink(W_f - W_r),
  *   z = mean(W_q - (W_f - W_e)*s), beta *= kappa, stop when mean|W_f - W_r| stops falling
- * (keeping that step's zero, as hqq does). A lane whose job stops takes the next job at once,
- * so lanes never idle behind a slow block. */
+ * (keeping that step's zero, as hqq does); `weighted`: both means weighted by the job's w (sum w*t / sw).
+ * A lane whose job stops takes the next job at once, so lanes never idle behind a slow block. */
 GQT_MULTIVERSION
 static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const gqt_hqq_params * p,
-                            step_table * T) {
-    float X[LANES * GMAX], s[LANES], z[LANES], best[LANES], thr[LANES], zs_a[LANES], es_a[LANES];
+                            step_table * T, int weighted) {
+    float X[LANES * GMAX], WX[LANES * GMAX], s[LANES], z[LANES], best[LANES], thr[LANES], zs_a[LANES], es_a[LANES];
+    float den[LANES];   /* the means' denominators: G, or the job's sum of weights */
     int it[LANES], job[LANES];
     const float Gf = (float) G;
     int next = 0, active = 0;
@@ -205,6 +213,8 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
     for (int l = 0; l < LANES; l++) {
         job[l] = next < njobs ? next++ : -1;
         load_lane(X, l, job[l] >= 0 ? jobs[job[l]].x : NULL, G);
+        if (weighted) load_lane(WX, l, job[l] >= 0 ? jobs[job[l]].w : NULL, G);
+        den[l] = weighted && job[l] >= 0 ? jobs[job[l]].sw : Gf;
         s[l] = job[l] >= 0 ? jobs[job[l]].s : 1.0f;
         z[l] = job[l] >= 0 ? jobs[job[l]].z : 0.0f;
         best[l] = INFINITY;
@@ -218,24 +228,36 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
         VLOAD(S, s);
         VLOAD(Z, z);
         VLOAD(TH, thr);
-        vf zs = VSPLAT(0.0f), es = VSPLAT(0.0f);
+        vf zs = VSPLAT(0.0f), es = VSPLAT(0.0f), WV;
         vi live = (vi) VSPLAT(0.0f);
-        for (int j = 0; j < G; j++) {
-            VLOAD(W_f, X + LANES * j);
-            W_q = W_f * S + Z;
-            VROUND_CLAMPED(W_q, qmax);
-            ar = VABS(W_f - (W_q - Z) / S);
-            live |= ar > TH;
-            zs += W_q - W_f * S;   /* W_e = 0 below the threshold: W_f - 0 is W_f */
-            es += ar;
-        }
+        if (weighted)
+            for (int j = 0; j < G; j++) {
+                VLOAD(W_f, X + LANES * j);
+                VLOAD(WV, WX + LANES * j);
+                W_q = W_f * S + Z;
+                VROUND_CLAMPED(W_q, qmax);
+                ar = VABS(W_f - (W_q - Z) / S);
+                live |= ar > TH;
+                zs += WV * (W_q - W_f * S);
+                es += WV * ar;
+            }
+        else
+            for (int j = 0; j < G; j++) {
+                VLOAD(W_f, X + LANES * j);
+                W_q = W_f * S + Z;
+                VROUND_CLAMPED(W_q, qmax);
+                ar = VABS(W_f - (W_q - Z) / S);
+                live |= ar > TH;
+                zs += W_q - W_f * S;   /* W_e = 0 below the threshold: W_f - 0 is W_f */
+                es += ar;
+            }
         VSTORE(zs_a, zs);
         VSTORE(es_a, es);
         for (int l = 0; l < LANES; l++) {
             if (job[l] < 0) continue;
-            if (live[l]) step_scalar(X, l, G, s[l], z[l], qmax, T, it[l], &zs_a[l], &es_a[l]);
-            const float err = es_a[l] / Gf;
-            z[l] = zs_a[l] / Gf;
+            if (live[l]) step_scalar(X, weighted ? WX : NULL, l, G, s[l], z[l], qmax, T, it[l], &zs_a[l], &es_a[l]);
+            const float err = es_a[l] / den[l];
+            z[l] = zs_a[l] / den[l];
             int done = 0;
             if (p->early_stop) {
                 if (err < best[l]) best[l] = err;
@@ -250,6 +272,8 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
             job[l] = next < njobs ? next++ : -1;
             active -= job[l] < 0;
             load_lane(X, l, job[l] >= 0 ? jobs[job[l]].x : NULL, G);
+            if (weighted) load_lane(WX, l, job[l] >= 0 ? jobs[job[l]].w : NULL, G);
+            den[l] = weighted && job[l] >= 0 ? jobs[job[l]].sw : Gf;
             s[l] = job[l] >= 0 ? jobs[job[l]].s : 1.0f;
             z[l] = job[l] >= 0 ? jobs[job[l]].z : 0.0f;
             best[l] = INFINITY;
@@ -261,7 +285,8 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
 /* Lane by lane over one group of 8 blocks (XT: element j of lane l at XT[8*j + l]): the codes of
  * each block on the grid of its stored fp16 pair, sc/bb = (scale, zero), or (d, m) for Q4_1/Q5_1
  * (sc = 0: codes 0), the block's squared error (sq) and, for the least-squares refit (sums not
- * NULL), the sums of q, q^2 and q*x of the same codes (sums[0..2]), all left to right. */
+ * NULL), the sums of q, q^2 and q*x of the same codes (sums[0..2]), all left to right. WT not NULL:
+ * the same group's importance weights (lane-major like XT), and every sum is of w * term. */
 #define GRID_CODES(W_q, W_f) do { \
         W_q = stock ? (W_f - BB) / SC : W_f / SC + BB; \
         VROUND_CLAMPED(W_q, qmax); \
@@ -269,13 +294,35 @@ static void solve_zero_jobs(zero_job * jobs, int njobs, int G, float qmax, const
     } while (0)
 
 GQT_MULTIVERSION
-static void grid_group(const float * XT, int G, float qmax, int stock, const float * sc, const float * bb,
-                       float * sq, float (*sums)[LANES]) {
-    vf SC, BB, W_f, W_q;
+static void grid_group(const float * XT, const float * WT, int G, float qmax, int stock, const float * sc,
+                       const float * bb, float * sq, float (*sums)[LANES]) {
+    vf SC, BB, W_f, W_q, WV;
     VLOAD(SC, sc);
     VLOAD(BB, bb);
     const vi nz = SC != VSPLAT(0.0f);
     vf acc = VSPLAT(0.0f), d;
+    if (WT) {
+        vf s_q = VSPLAT(0.0f), s_qq = s_q, s_qx = s_q;
+        for (int j = 0; j < G; j++) {
+            VLOAD(W_f, XT + LANES * j);
+            VLOAD(WV, WT + LANES * j);
+            GRID_CODES(W_q, W_f);
+            d = W_f - (stock ? SC * W_q + BB : (W_q - BB) * SC);
+            acc += WV * (d * d);
+            if (sums) {
+                s_q += WV * W_q;
+                s_qq += WV * (W_q * W_q);
+                s_qx += WV * (W_q * W_f);
+            }
+        }
+        VSTORE(sq, acc);
+        if (sums) {
+            VSTORE(sums[0], s_q);
+            VSTORE(sums[1], s_qq);
+            VSTORE(sums[2], s_qx);
+        }
+        return;
+    }
     if (sums == NULL) {
         for (int j = 0; j < G; j++) {
             VLOAD(W_f, XT + LANES * j);
@@ -302,13 +349,18 @@ static void grid_group(const float * XT, int G, float qmax, int stock, const flo
     VSTORE(sums[2], s_qx);
 }
 
-/* Per block, the sum of its values left to right (lane by lane over a group). */
+/* Per block, the sum of its values left to right (lane by lane over a group); WT not NULL: of w * x. */
 GQT_MULTIVERSION
-static void group_sum(const float * XT, int G, float * out) {
-    vf acc = VSPLAT(0.0f), W_f;
+static void group_sum(const float * XT, const float * WT, int G, float * out) {
+    vf acc = VSPLAT(0.0f), W_f, WV;
     for (int j = 0; j < G; j++) {
         VLOAD(W_f, XT + LANES * j);
-        acc += W_f;
+        if (WT) {
+            VLOAD(WV, WT + LANES * j);
+            acc += WV * W_f;
+        } else {
+            acc += W_f;
+        }
     }
     VSTORE(out, acc);
 }
@@ -383,6 +435,9 @@ typedef struct {
     int32_t a[BATCH_MAX], b[BATCH_MAX];     /* the chosen fp16 pair (bits), and its values */
     float af[BATCH_MAX], bf[BATCH_MAX];
     int32_t status[BATCH_MAX];
+    int weighted;                           /* importance weights given: WB, WT, sw hold them */
+    float WB[BATCH_VALUES], WT[BATCH_VALUES];   /* per block, w / max(w) (all 1 where max(w) is 0), as the */
+    float sw[BATCH_MAX];                        /* batch (WB) and lane-major like XT (WT); sw: their sums */
     step_table steps;
 } workspace;
 
@@ -430,7 +485,8 @@ static void candidate_group(workspace * w, int g, int k, float r, const float * 
     for (int l = 0; l < LANES; l++) {
         if (!on[l]) continue;
         if (bad[l]) { w->status[o + l] = GQT_ERR_RANGE; continue; }
-        w->zj[*nj] = (zero_job) {x + (int64_t) (o + l) * G, s[l], z0[l]};
+        w->zj[*nj] = (zero_job) {x + (int64_t) (o + l) * G, w->weighted ? w->WB + (int64_t) (o + l) * G : NULL,
+                                 w->sw[o + l], s[l], z0[l]};
         w->zj_index[(*nj)++] = k * BATCH_MAX + o + l;
     }
 }
@@ -438,14 +494,17 @@ static void candidate_group(workspace * w, int g, int k, float r, const float * 
 /* Group g: of candidates 0..ncand-1, each block keeps the one with the lowest squared error (ties:
  * the earlier); then `rounds` of least-squares refit of its pair to its codes (x ~ A*q + C, like the
  * inner step of llama.cpp's make_qkx2_quants), the codes chosen again, each round kept only while it
- * lowers the block's squared error. The pass that scores a pair also sums its codes for the next round. */
+ * lowers the block's squared error. The pass that scores a pair also sums its codes for the next round.
+ * With importance weights every error and sum is weighted, and n (the count) is the sum of the weights. */
 GQT_MULTIVERSION
 static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_target * t) {
     const int o = g * LANES, G = t->group;
     const float * XT = w->XT + (int64_t) o * G;
-    const float qmax = (float) t->qmax, n = (float) G;
+    const float * WT = w->weighted ? w->WT + (int64_t) o * G : NULL;
+    const float qmax = (float) t->qmax;
     float sq_a[LANES], sums[3][LANES], sc[LANES], bb[LANES];
-    vf BEST = VSPLAT(INFINITY), AF = VSPLAT(0.0f), BF = AF, SQ, SUM[3] = {AF, AF, AF}, S_X;
+    vf BEST = VSPLAT(INFINITY), AF = VSPLAT(0.0f), BF = AF, SQ, SUM[3] = {AF, AF, AF}, S_X, N = VSPLAT((float) G);
+    if (WT) VLOAD(N, w->sw + o);
     vi A = (vi) VUSPLAT(0), B = A, on;
     VLOAD(on, w->status + o);
     on = on == (vi) VUSPLAT(B_SOLVE);
@@ -461,7 +520,7 @@ static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_
         BBF = VSEL(on, BBF, VSPLAT(0.0f));
         VSTORE(sc, SC);
         VSTORE(bb, BBF);
-        grid_group(XT, G, qmax, t->stock, sc, bb, sq_a, rounds ? sums : NULL);
+        grid_group(XT, WT, G, qmax, t->stock, sc, bb, sq_a, rounds ? sums : NULL);
         VLOAD(SQ, sq_a);
         const vi take = on & (SQ < BEST);
         vi CA;
@@ -484,12 +543,12 @@ static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_
     for (int l = 0; l < LANES; l++)
         if (none[l]) w->status[o + l] = GQT_ERR_RANGE;
     on &= ~none;
-    if (rounds) group_sum(XT, G, sc), VLOAD(S_X, sc);
+    if (rounds) group_sum(XT, WT, G, sc), VLOAD(S_X, sc);
     vi live = on;
     for (int round = 0; round < rounds; round++) {
-        const vf D = VSPLAT(n) * SUM[1] - SUM[0] * SUM[0];
-        const vf NA = (VSPLAT(n) * SUM[2] - SUM[0] * S_X) / D;
-        const vf C = (S_X - NA * SUM[0]) / VSPLAT(n);
+        const vf D = N * SUM[1] - SUM[0] * SUM[0];
+        const vf NA = (N * SUM[2] - SUM[0] * S_X) / D;
+        const vf C = (S_X - NA * SUM[0]) / N;
         vi na, nbz;
         vf naf, nbf;
         VTO_FP16(na, NA);
@@ -504,7 +563,7 @@ static void choose_group(workspace * w, int g, int ncand, int rounds, const hqq_
         const vf SC = VSEL(live, naf, VSPLAT(0.0f)), BBF = VSEL(live, nbf, VSPLAT(0.0f));
         VSTORE(sc, SC);
         VSTORE(bb, BBF);
-        grid_group(XT, G, qmax, t->stock, sc, bb, sq_a, round + 1 < rounds ? sums : NULL);
+        grid_group(XT, WT, G, qmax, t->stock, sc, bb, sq_a, round + 1 < rounds ? sums : NULL);
         VLOAD(SQ, sq_a);
         live &= SQ < BEST;
         BEST = VSEL(live, SQ, BEST);
@@ -536,6 +595,9 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
     for (int g = 0; g < ngroups; g++) {
         float * XT = w->XT + (int64_t) g * LANES * G;
         load_group(XT, x + (int64_t) g * LANES * G, nb - g * LANES < LANES ? nb - g * LANES : LANES, G);
+        if (w->weighted)
+            load_group(w->WT + (int64_t) g * LANES * G, w->WB + (int64_t) g * LANES * G,
+                       nb - g * LANES < LANES ? nb - g * LANES : LANES, G);
         group_range(XT, G, w->mn + g * LANES, w->mx + g * LANES, finite);
         for (int l = 0; l < LANES; l++) {
             const int b = g * LANES + l;
@@ -557,7 +619,7 @@ static void solve_batch(workspace * w, const float * x, int nb, const hqq_target
     for (int k = 0; k < ncand; k++)
         for (int g = 0; g < ngroups; g++)
             candidate_group(w, g, k, k == 0 ? 0.0f : GQT_HQQ_SCALE_STEPS[k - 1], x, t, &nj);
-    solve_zero_jobs(w->zj, nj, G, (float) t->qmax, p, &w->steps);
+    solve_zero_jobs(w->zj, nj, G, (float) t->qmax, p, &w->steps, w->weighted);
     for (int i = 0; i < nj; i++) w->cand_z[w->zj_index[i]] = w->zj[i].z;
     for (int g = 0; g < ngroups; g++) choose_group(w, g, ncand, p->refit, t);
 }
@@ -604,20 +666,40 @@ static void unpack_block(const hqq_target * t, const uint8_t * in, uint8_t * q) 
  * to say so. */
 static GQT_THREAD_LOCAL workspace thread_workspace;
 
-/* Quantize nblocks consecutive blocks. A failing block is written with NaN scale and zero and
- * codes 0 - the error travels in the data, where ggml_validate_row_data finds it; the return
- * value repeats it for callers that can return one: GQT_ERR_NONFINITE if any block held NaN/Inf,
- * else the first error code. */
+/* The importance weights of blocks b0 .. b0+nb-1 into w->WB (per block w / max(w); all 1 where the
+ * block's weights are all 0: unweighted) and their sums into w->sw. Block b of the tensor (bpr blocks a
+ * row) takes its weights from wsrc + (b / bpr) * wstride + (b % bpr) * G. */
+static void load_weights(workspace * w, const float * wsrc, int64_t wstride, int64_t bpr, int64_t b0, int nb, int G) {
+    for (int b = 0; b < nb; b++) {
+        const int64_t gb = b0 + b;
+        const float * ws = wsrc + (gb / bpr) * wstride + (gb % bpr) * G;
+        float * wb = w->WB + (int64_t) b * G;
+        float mx = 0.0f, sum = 0.0f;
+        for (int j = 0; j < G; j++) mx = ws[j] > mx ? ws[j] : mx;
+        for (int j = 0; j < G; j++) {
+            wb[j] = mx > 0.0f ? ws[j] / mx : 1.0f;
+            sum += wb[j];
+        }
+        w->sw[b] = sum;
+    }
+}
+
+/* Quantize nblocks consecutive blocks (wsrc: their importance weights, see load_weights, or NULL).
+ * A failing block is written with NaN scale and zero and codes 0 - the error travels in the data,
+ * where ggml_validate_row_data finds it; the return value repeats it for callers that can return
+ * one: GQT_ERR_NONFINITE if any block held NaN/Inf, else the first error code. */
 static int quantize_blocks(const hqq_target * t, const float * x, uint8_t * y, int64_t nblocks,
-                           const gqt_hqq_params * p) {
+                           const gqt_hqq_params * p, const float * wsrc, int64_t wstride, int64_t bpr) {
     workspace * w = &thread_workspace;
     step_table_init(&w->steps, p);
+    w->weighted = wsrc != NULL;
     const int per_batch = BATCH_VALUES / t->group;
     uint8_t q[GMAX];
     int rc = GQT_OK;
     for (int64_t b0 = 0; b0 < nblocks; b0 += per_batch) {
         const int nb = nblocks - b0 < per_batch ? (int) (nblocks - b0) : per_batch;
         const float * xb = x + b0 * t->group;
+        if (wsrc) load_weights(w, wsrc, wstride, bpr, b0, nb, t->group);
         solve_batch(w, xb, nb, t, p);
         for (int b = 0; b < nb; b++) {
             uint8_t * out = y + (b0 + b) * (int64_t) t->bytes;
@@ -645,15 +727,27 @@ size_t gqt_hqq_row_size(int target, int64_t n_per_row) {
     return (size_t) (n_per_row / t.group) * t.bytes;
 }
 
-int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
-                          const gqt_hqq_params * p) {
+int gqt_hqq_quantize_rows_weighted(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                                   const gqt_hqq_params * p, const float * weights, int64_t weights_stride) {
     hqq_target t;
     gqt_hqq_params def;
     if (!target_info(target, &t)) return GQT_ERR_PARAM;
     if (p == NULL) { gqt_hqq_default_params(&def); p = &def; }
     if (!params_ok(p)) return GQT_ERR_PARAM;
-    if (n_per_row <= 0 || n_per_row % t.group || nrows < 0) return GQT_ERR_SHAPE;
-    return quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), p);
+    if (n_per_row <= 0 || n_per_row % t.group || nrows < 0 || weights_stride < 0) return GQT_ERR_SHAPE;
+    if (weights)   /* finite and >= 0 (NaN fails the test too) */
+        for (int64_t r = 0; r < (weights_stride ? nrows : 1); r++)
+            for (int64_t j = 0; j < n_per_row; j++) {
+                const float v = weights[r * weights_stride + j];
+                if (!(v >= 0.0f) || !isfinite(v)) return GQT_ERR_PARAM;
+            }
+    return quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), p, weights, weights_stride,
+                           n_per_row / t.group);
+}
+
+int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                          const gqt_hqq_params * p) {
+    return gqt_hqq_quantize_rows_weighted(target, src, dst, nrows, n_per_row, p, NULL, 0);
 }
 
 /* nb blocks -> floats; nothing can fail once the target and the shape are known. */
@@ -686,7 +780,7 @@ static void quantize_row_default(int target, const float * x, void * y, int64_t 
     gqt_hqq_params p;
     target_info(target, &t);
     gqt_hqq_default_params(&p);
-    (void) quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p);   /* errors are in the blocks (NaN) */
+    (void) quantize_blocks(&t, x, (uint8_t *) y, k / t.group, &p, NULL, 0, 1);   /* errors are in the blocks (NaN) */
 }
 
 static void dequantize_row(int target, const void * x, float * y, int64_t k) {

@@ -62,6 +62,15 @@ float gqt_hqq_scale_step(int i);
  * (GQT_ERR_NONFINITE first when any block holds NaN/Inf). p == NULL: defaults. */
 int gqt_hqq_quantize_rows(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                           const gqt_hqq_params * p);
+/* The same with importance weights (weights == NULL: exactly gqt_hqq_quantize_rows). Value j of row r
+ * weighs weights[r * weights_stride + j] (weights_stride 0: one row of per-column weights for every row,
+ * an imatrix); finite and >= 0, else GQT_ERR_PARAM. Per block the weights are divided by their maximum
+ * (a block whose weights are all 0 is solved unweighted) and enter every mean and squared error of the
+ * solver: the zero update and the early-stop error become weighted means, the refit weighted least
+ * squares, the scale search and refit acceptance compare weighted squared errors. Weights that are
+ * equal within a block give the unweighted bytes. */
+int gqt_hqq_quantize_rows_weighted(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                                   const gqt_hqq_params * p, const float * weights, int64_t weights_stride);
 /* Decode any of the four targets (Q4_1/Q5_1 as ggml does: x = d*q + m). */
 int gqt_hqq_dequantize_rows(int target, const void * src, float * dst, int64_t nrows, int64_t n_per_row);
 /* Bytes per row, or 0 for an unknown target / n_per_row not a multiple of the block. */

@@ -46,6 +46,14 @@ Differences from hqq, on purpose:
   writing Q4_1; N(0, 0.02^2) data: identical).
 * A constant block c is stored exactly as scale = fp16(c), zero = -1, codes 0 (exact when c is an
   fp16 value; an all-zero block decodes to exact zeros).
+* Importance weights (`imatrix=`, the tensor's imatrix row: w_j >= 0 per column; hqq has none): each
+  block's weights are divided by their maximum (a block whose weights are all 0 is solved unweighted),
+  and every mean and squared error of the solver is weighted - the zero update
+  z = sum w (W_q - (W_f - W_e) s) / sum w, the early-stop error sum w |W_f - W_r| / sum w, the refit's
+  least squares (n -> sum w), the scale search's and the refit's acceptance (sum w (x - x_hat)^2). The
+  scale candidates (min-max) and the final codes (nearest grid point) do not depend on the weights.
+  Weights equal within a block give exactly the unweighted bytes (w = 1: every product is exact).
+  How an imatrix row becomes per-value weights: WEIGHTING (measured in docs/hqq.md).
 
 `quantize_hqq` runs the C kernels (gguftool/_fast/gqt_hqq.c); `quantize_hqq_ref` is this module's
 numpy reference. Both give identical bytes: every float operation happens in float32 in the same
@@ -156,6 +164,48 @@ def _check_input(x: np.ndarray, block: int, name: str, finite: bool = True) -> n
     return np.ascontiguousarray(x)
 
 
+# How a per-column importance matrix becomes the solver's per-value weights (measured, docs/hqq.md):
+# "raw": w_ij = imatrix_j; "ggml": w_ij = imatrix_j * sqrt(sigma2_i + x_ij^2), sigma2_i the row's mean x^2
+# (ggml's quantize_row_q4_1_impl / q5_1_impl with an imatrix).
+WEIGHTING = "raw"
+
+
+def ggml_weights(x: np.ndarray, imatrix: np.ndarray) -> np.ndarray:
+    """ggml's per-value weights for Q4_1/Q5_1 with an imatrix: qw_j * sqrt(sigma2 + x_j^2), sigma2 = sum x^2 / n
+    over the row (float32 [rows, n])."""
+    x = np.asarray(x, F32)
+    sigma2 = ((x.astype(np.float64) ** 2).sum(axis=1) / x.shape[1]).astype(F32)[:, None]
+    return (np.asarray(imatrix, F32).reshape(1, -1) * np.sqrt(sigma2 + x * x)).astype(F32)
+
+
+def importance_weights(x: np.ndarray, imatrix: np.ndarray | None, name: str = "HQQ",
+                       weighting: str | None = None) -> np.ndarray | None:
+    """The solver's weights for the rows x [rows, n]: None (no imatrix), float32 [1, n] (one row for every
+    row) or [rows, n]. imatrix: the tensor's importance matrix row [n] (per column), turned into weights
+    as `weighting` (default WEIGHTING) says; or per-value weights, 2-D [rows, n], taken as they are."""
+    if imatrix is None:
+        return None
+    w = np.asarray(imatrix, dtype=F32)
+    rows, n = x.shape
+    if w.ndim == 2 and w.shape == x.shape:   # per value: as given
+        mode = "raw"
+    elif w.size == n:
+        w = w.reshape(1, n)
+        mode = weighting or WEIGHTING
+        if mode not in ("raw", "ggml"):
+            raise GgufToolError(f"unknown importance weighting {mode!r}", hint="'raw' or 'ggml'")
+    else:
+        raise GgufToolError(f"importance matrix of {w.size} values for {name} rows of {n}",
+                            hint="was it made for another model?")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise GgufToolError(f"the importance weights for {name} hold NaN, Inf or negative values",
+                            hint="remake the imatrix (`gguftool imatrix MODEL`)")
+    if mode == "ggml" and w.shape[0] == 1:
+        with np.errstate(over="ignore", invalid="ignore"):   # non-finite x: refused by the solver, naming it
+            w = ggml_weights(x, w)
+    return np.ascontiguousarray(w)
+
+
 def _raise_nonfinite(x: np.ndarray, name: str) -> None:
     bad = ~np.isfinite(x)
     r, c = np.argwhere(bad)[0]
@@ -197,8 +247,10 @@ def _shrink_floor(beta: float, pm1: float) -> float:
     return math.pow(1.0 / beta, 1.0 / (1.0 - pm1)) * (1.0 - 1e-4)
 
 
-def _solve_zero(W_f: np.ndarray, s: np.ndarray, z: np.ndarray, qmax: int, prm: HQQParams) -> np.ndarray:
-    """hqq's proximal loop for the zero, every block (row of W_f) on its own."""
+def _solve_zero(W_f: np.ndarray, s: np.ndarray, z: np.ndarray, qmax: int, prm: HQQParams,
+                w: np.ndarray | None = None, sw: np.ndarray | None = None) -> np.ndarray:
+    """hqq's proximal loop for the zero, every block (row of W_f) on its own; w [nb, G] (normalized
+    importance weights, sums sw): the zero update and the early-stop error become weighted means."""
     s, z = s[:, None], z.copy()
     beta = float(F32(prm.beta))
     kappa = float(F32(prm.kappa))
@@ -211,8 +263,12 @@ def _solve_zero(W_f: np.ndarray, s: np.ndarray, z: np.ndarray, qmax: int, prm: H
         W_q = _round_clamped(W_f * s + zc, qmax)
         W_r = (W_q - zc) / s
         W_e = _shrink_lp(W_f - W_r, beta, pm1)
-        z_new = _seqsum(W_q - (W_f - W_e) * s) / G
-        err = _seqsum(np.abs(W_f - W_r)) / G
+        if w is None:
+            z_new = _seqsum(W_q - (W_f - W_e) * s) / G
+            err = _seqsum(np.abs(W_f - W_r)) / G
+        else:
+            z_new = _seqsum(w * (W_q - (W_f - W_e) * s)) / sw
+            err = _seqsum(w * np.abs(W_f - W_r)) / sw
         z = np.where(live, z_new, z)          # hqq keeps the zero of the step that did not improve
         if prm.early_stop:
             improved = err < best
@@ -228,9 +284,9 @@ def _fp16(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16).astype(F32)
 
 
-def _encode(W_f: np.ndarray, a: np.ndarray, b: np.ndarray, qmax: int, stock: bool):
+def _encode(W_f: np.ndarray, a: np.ndarray, b: np.ndarray, qmax: int, stock: bool, w: np.ndarray | None = None):
     """Codes nearest to each value on the grid of the stored fp16 pair a/b - (scale, zero), or (d, m)
-    for Q4_1/Q5_1 - and each block's squared error: (codes uint8 [nb, G], sq_err [nb])."""
+    for Q4_1/Q5_1 - and each block's squared error (w: weighted): (codes uint8 [nb, G], sq_err [nb])."""
     sc = a.astype(F32)[:, None]
     bb = b.astype(F32)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -241,11 +297,22 @@ def _encode(W_f: np.ndarray, a: np.ndarray, b: np.ndarray, qmax: int, stock: boo
             W_q = np.where(sc != 0, _round_clamped(W_f / sc + bb, qmax), F32(0))
             W_r = (W_q - bb) * sc
     d = W_f - W_r
-    return W_q.astype(np.uint8), _seqsum(d * d)
+    return W_q.astype(np.uint8), _seqsum(d * d if w is None else w * (d * d))
 
 
-def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name: str = "HQQ"):
+def _normalized(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per block (row), the weights over their maximum - all 1 where they are all 0 - and their sums."""
+    wmax = w.max(axis=1)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wn = np.where(wmax > 0, w / wmax, F32(1)).astype(F32)
+    return wn, _seqsum(wn)
+
+
+def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name: str = "HQQ",
+                  wts: np.ndarray | None = None):
     """All blocks (rows of W_f, float32 [nb, G]) -> (a fp16 [nb], b fp16 [nb], codes uint8 [nb, G]).
+    wts: importance weights [nb, G] (or None), normalized per block (_normalized) and weighting every
+    mean and squared error of the solver.
     If blocks have no fp16 pair that encodes them, the first raises range_error (as the C kernel marks
     each and the caller names the first; W_f is one long row here, quantize_hqq_ref names the real row)."""
     nb, G = W_f.shape
@@ -262,6 +329,9 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name:
         a[const], b[const] = c, (c if stock else np.float16(-1))
     live = np.flatnonzero(~const)
     W_f, mn, mx = W_f[live], mn[live], mx[live]
+    w = sw = None
+    if wts is not None:
+        w, sw = _normalized(wts[live])
     with np.errstate(divide="ignore", over="ignore"):   # maxabs 0 or denormal: cap stays 2^24
         cap = np.minimum(_S_INV_CAP, _ZERO_CAP / np.maximum(np.abs(mn), np.abs(mx)))
     best = np.full(len(live), np.inf, F32)
@@ -273,10 +343,10 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name:
         sh = np.where(np.isfinite(sh), sh, F32(1))         # a stand-in: the block is refused below
         s = F32(1) / sh
         with np.errstate(over="ignore", invalid="ignore"):   # only blocks refused below overflow here
-            z = _solve_zero(W_f, s, -mn * s, qmax, prm)
+            z = _solve_zero(W_f, s, -mn * s, qmax, prm, w, sw)
             ca = sh.astype(np.float16)
             cb = (-(sh * z) if stock else z).astype(np.float16)   # Q4_1/Q5_1: m = -scale * zero
-            cq, sq = _encode(W_f, ca, cb, qmax, stock)
+            cq, sq = _encode(W_f, ca, cb, qmax, stock, w)
         take = sq < best
         best[take] = sq[take]
         a[live[take]], b[live[take]], q[live[take]] = ca[take], cb[take], cq[take]
@@ -286,18 +356,22 @@ def _solve_blocks(W_f: np.ndarray, qmax: int, stock: bool, prm: HQQParams, name:
     if failed.any():
         raise range_error(name, blocks.reshape(1, -1), int(np.flatnonzero(failed)[0]), G)
     if prm.refit:
-        a[live], b[live], q[live] = _ls_refit(W_f, a[live], b[live], q[live], best, qmax, stock, prm.refit)
+        a[live], b[live], q[live] = _ls_refit(W_f, a[live], b[live], q[live], best, qmax, stock, prm.refit, w, sw)
     return a, b, q
 
 
-def _ls_refit(W_f, a, b, q, best, qmax: int, stock: bool, rounds: int):
+def _ls_refit(W_f, a, b, q, best, qmax: int, stock: bool, rounds: int, w=None, sw=None):
     """Least-squares refit of the stored pair to the chosen codes (x ~ A*q + C, as in llama.cpp's
-    make_qkx2_quants), codes chosen again; kept only while the block error falls."""
-    n = F32(W_f.shape[1])
+    make_qkx2_quants), codes chosen again; kept only while the block error falls. w: weighted least
+    squares (the count n becomes the sum of the weights, sw)."""
+    n = F32(W_f.shape[1]) if w is None else sw
     live = np.ones(len(a), bool)
     for _ in range(rounds):
         Q = q.astype(F32)
-        sq, sqq, sx, sqx = _seqsum(Q), _seqsum(Q * Q), _seqsum(W_f), _seqsum(Q * W_f)
+        if w is None:
+            sq, sqq, sx, sqx = _seqsum(Q), _seqsum(Q * Q), _seqsum(W_f), _seqsum(Q * W_f)
+        else:
+            sq, sqq, sx, sqx = _seqsum(w * Q), _seqsum(w * (Q * Q)), _seqsum(w * W_f), _seqsum(w * (Q * W_f))
         D = n * sqq - sq * sq
         live &= D > 0
         with np.errstate(all="ignore"):
@@ -310,7 +384,7 @@ def _ls_refit(W_f, a, b, q, best, qmax: int, stock: bool, rounds: int):
         if not live.any():
             break
         idx = np.flatnonzero(live)
-        nq, sqe = _encode(W_f[idx], na[idx], nb[idx], qmax, stock)
+        nq, sqe = _encode(W_f[idx], na[idx], nb[idx], qmax, stock, None if w is None else w[idx])
         better = sqe < best[idx]
         live[idx[~better]] = False
         k = idx[better]
@@ -334,14 +408,17 @@ def _pack(name: str, a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def quantize_hqq_ref(x: np.ndarray, target: str | int, **params: Any) -> np.ndarray:
+def quantize_hqq_ref(x: np.ndarray, target: str | int, *, imatrix: np.ndarray | None = None,
+                     **params: Any) -> np.ndarray:
     """numpy reference: float32 [rows, n] -> uint8 [rows, row_bytes]; bytes equal `quantize_hqq`'s."""
     name, _, G, nbytes, qmax = _target(target)
     x = _check_input(x, G, name)
     prm = HQQParams.make(**params)
+    w = importance_weights(x, imatrix, name)
     rows, n = x.shape
+    wts = None if w is None else np.ascontiguousarray(np.broadcast_to(w, x.shape)).reshape(-1, G)
     try:
-        a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in STOCK, prm, name)
+        a, b, q = _solve_blocks(x.reshape(-1, G), qmax, name in STOCK, prm, name, wts)
     except BlockRangeError as e:
         raise range_error(name, x, e.col // G, G) from None   # col counted over all blocks: name the row
     return _pack(name, a, b, q).reshape(rows, n // G * nbytes)
@@ -386,19 +463,24 @@ _C_ERRORS = {
 }
 
 
-def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, **params: Any) -> np.ndarray:
+def quantize_hqq(x: np.ndarray, target: str | int, *, threads: int = 1, imatrix: np.ndarray | None = None,
+                 **params: Any) -> np.ndarray:
     """float32 [rows, n] -> uint8 [rows, row_bytes] with the C kernels, rows split over `threads`.
 
-    target: "Q4_HQQ", "Q4_HQQ_128", "Q4_1" or "Q5_1" (or their ggml ids). params: HQQParams fields."""
+    target: "Q4_HQQ", "Q4_HQQ_128", "Q4_1" or "Q5_1" (or their ggml ids). params: HQQParams fields.
+    imatrix: importance weights, per column [n] (an imatrix row) or per value [rows, n] (importance_weights);
+    None: unweighted (the bytes of every earlier release)."""
     from .parallel import map_row_ranges
     name, tid, G, nbytes, _ = _target(target)
     x = _check_input(x, G, name, finite=False)
     prm = HQQParams.make(**params)
+    w = importance_weights(x, imatrix, name)
 
     def run(r0: int, r1: int) -> np.ndarray:
         out = np.empty((r1 - r0, x.shape[1] // G * nbytes), np.uint8)
+        wr = None if w is None else (w if w.shape[0] == 1 else w[r0:r1])
         rc = _hqq.quantize_rows(tid, x[r0:r1], out, prm.lp_norm, prm.beta, prm.kappa, prm.iters,
-                                prm.early_stop, prm.scale_search, prm.refit)
+                                prm.early_stop, prm.scale_search, prm.refit, wr)
         if rc == _hqq.ERR_RANGE:   # the kernel marked the block (NaN scale): name its row
             raise range_error(name, x[r0:r1], first_marked_block(out, nbytes), G).at(r0)
         if rc:
@@ -480,14 +562,14 @@ def _register() -> None:
     from . import register
 
     for t in types.of_family("hqq"):
-        def quantize(x, *, threads: int = 1, _n=t.name, **params):
-            return quantize_hqq(x, _n, threads=threads, **params)
+        def quantize(x, *, threads: int = 1, imatrix=None, _n=t.name, **params):
+            return quantize_hqq(x, _n, threads=threads, imatrix=imatrix, **params)
 
         def dequantize(data, _n=t.name):
             data = np.asarray(data, np.uint8)
             return dequantize_hqq(data.reshape(data.shape[0] if data.ndim == 2 else 1, -1), _n)
 
-        register(t, quantize, dequantize, asdict(DEFAULTS))
+        register(t, quantize, dequantize, asdict(DEFAULTS), importance=True)
 
 
 _register()
