@@ -68,9 +68,10 @@ def _quantizer(t: GGMLQuantizationType):
                 raise GgufToolError(f"solver 'hqq' cannot produce {t.name}",
                                     hint="use it with " + ", ".join(types.hqq_targets()))
             from .hqq import quantize_hqq
-            q = quantize_hqq(x, t.name, threads=threads, **params)
-            if imatrix is not None and _ggml_available():   # HQQ has no importance weights (yet): per block,
-                return _weighted_best(t, x, q, _ggml(t, x, threads, imatrix), imatrix)   # the better by them
+            q = quantize_hqq(x, t.name, threads=threads, imatrix=imatrix, **params)
+            if imatrix is not None and _ggml_available():   # weighted HQQ alone loses to ggml's 37-scale
+                # weighted search on some blocks: per block the better by the weighted error (docs/hqq.md)
+                return _weighted_best(t, x, q, _ggml(t, x, threads, imatrix), imatrix)
             return q
         if solver != "ref":
             raise GgufToolError(f"unknown solver {solver!r}", hint="choose 'ref' (llama.cpp's reference) or 'hqq'")
