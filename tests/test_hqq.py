@@ -437,3 +437,30 @@ def test_codecs_take_the_imatrix():
         c = codec(name)
         assert c.importance
         assert np.array_equal(c.quantize(x, threads=2, imatrix=w), H.quantize_hqq_ref(x, name, imatrix=w))
+
+
+@pytest.mark.parametrize("target", ["Q4_HQQ", "Q4_HQQ_128"])
+def test_quantize_command_uses_the_imatrix(tmp_path, rng, target):
+    """`gguftool quantize --imatrix F` with an HQQ target: every tensor with an imatrix entry is the weighted
+    solver's bytes for its row of the matrix, the others (and every tensor without --imatrix) unweighted."""
+    from gguftool.cli import main
+    from gguftool.io.reader import GGUFFile
+
+    from .conftest import tiny_llama
+    from .test_kquants import write_imatrix_gguf
+    src = tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512)
+    want = write_imatrix_gguf(tmp_path / "t.imatrix.gguf", src, np.random.default_rng(4))
+    a, b = tmp_path / "w.gguf", tmp_path / "u.gguf"
+    assert main(["quantize", str(src), str(a), target, "--pure", "--imatrix", str(tmp_path / "t.imatrix.gguf")]) == 0
+    assert main(["quantize", str(src), str(b), target, "--pure"]) == 0
+    fs, fa, fb = GGUFFile(src), GGUFFile(a), GGUFFile(b)
+    weighted = 0
+    for t in fa.tensors:
+        if t.type.name != target:
+            continue
+        x = np.ascontiguousarray(fs.tensor(t.name).raw_rows().view(np.float32).reshape(t.n_rows, t.n_per_row))
+        w = want.get(t.name)
+        assert np.array_equal(t.raw_rows(), H.quantize_hqq_ref(x, target, imatrix=w)), t.name
+        assert np.array_equal(fb.tensor(t.name).raw_rows(), H.quantize_hqq_ref(x, target)), t.name
+        weighted += w is not None
+    assert weighted >= 8
