@@ -16,7 +16,8 @@ full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree
 `cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
 and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
 every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer, and
-`info_endless` makes it a chunked answer that never ends; `tree_body` replaces the file list's JSON.
+`info_endless` makes it a chunked answer that never ends; `tree_body` replaces the file list's JSON; `xet` marks every file as stored in Xet (HEAD answers carry
+X-Xet-Hash and a refresh route, which answers 404: no CAS server here).
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ class FakeHub:
         self.info_endless = False
         self.tree_body: bytes | None = None
         self.hidden: set[str] = set()
+        self.xet = False
         self._lock = threading.Lock()
         hub = self
 
@@ -207,6 +209,9 @@ class FakeHub:
         etag = hashlib.sha256(data).hexdigest() if fname.endswith(LFS_SUFFIXES) else git_blob_oid(data)
         headers = {"ETag": f'"{etag}"', "X-Repo-Commit": sha, "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
+        if self.xet:   # the file is stored in Xet: hf_xet would fetch it from a CAS server via this route
+            headers |= {"X-Xet-Hash": hashlib.sha256(b"xet" + data).hexdigest(),
+                        "X-Xet-Refresh-Route": f"http://{h.headers['Host']}/api/models/xet-read-token/{sha}"}
         rng = h.headers.get("Range")
         start = 0
         if rng and (mr := re.fullmatch(r"bytes=(\d+)-", rng)):

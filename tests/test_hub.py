@@ -314,3 +314,22 @@ def test_a_hostile_file_list_is_one_clear_error(hub, checkpoint_files, tmp_path,
     rc = _hub(REPO, "-o", tmp_path / "o.gguf", "--deadline", "60")
     err = capsys.readouterr().err
     assert rc == 1 and f"error: {hub.url}: the files of {REPO}@" in err and "is not a hub's answer" in err, err
+
+
+def test_files_stored_in_xet_come_over_counted_http(hub, checkpoint_files, tmp_path, capsys):
+    """With hf_xet installed, huggingface_hub moves a file the Hub keeps in Xet through hf_xet's own client,
+    which the attempt budget never sees. gguftool downloads such files over plain HTTP(S): a connection that
+    always breaks hits --attempts as for any file, and a server that mends then serves the run (the fake hub
+    has no CAS server, so a transfer through hf_xet could not succeed)."""
+    pytest.importorskip("hf_xet")
+    from huggingface_hub import constants
+    hub.add(REPO, checkpoint_files)
+    hub.xet = True
+    hub.cut_every["model.safetensors"] = 5000
+    out = tmp_path / "o.gguf"
+    assert _hub(REPO, "--type", "F16", "-o", out, "--attempts", "2") == 1
+    assert "gave up on model.safetensors after 2 attempts" in capsys.readouterr().err
+    assert len(hub.requests("GET", "/model.safetensors")) == 2
+    hub.cut_every.clear()
+    assert _hub(REPO, "--type", "F16", "-o", out) == 0 and out.exists()
+    assert constants.HF_HUB_DISABLE_XET is False   # restored after the download

@@ -266,11 +266,29 @@ def fetch(repo_id: str, revision: str | None = None, *, deadline: float | None =
     _install_budget()
     budget = _budget = _Attempts(attempts)
     try:
-        return _fetch_within(repo_id, revision, deadline, budget, **kw)
+        with _counted_transfers():
+            return _fetch_within(repo_id, revision, deadline, budget, **kw)
     finally:
         budget.stopped = True
         if not budget.abandoned:   # else it stays, so that the abandoned download stops at its next request
             _budget = None
+
+
+@contextlib.contextmanager
+def _counted_transfers() -> Iterator[None]:
+    """huggingface_hub moves a file the Hub stores in Xet through hf_xet's own client when that package is
+    installed, past the budget's hooks (only the deadline would bound it); plain HTTP(S), which the Hub serves
+    for every file, is counted. GGUFTOOL_HUB_XET=1 keeps hf_xet (faster for large files, deadline only)."""
+    from huggingface_hub import constants
+    if os.environ.get("GGUFTOOL_HUB_XET") == "1":
+        yield
+        return
+    was = constants.HF_HUB_DISABLE_XET   # read by huggingface_hub at each download, not at import
+    constants.HF_HUB_DISABLE_XET = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = was
 
 
 def _fetch_within(repo_id: str, revision: str | None, deadline: float | None, budget: _Attempts, **kw) -> Snapshot:
