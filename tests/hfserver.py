@@ -16,8 +16,9 @@ full GET of that file; `hidden` paths answer 404 EntryNotFound although the tree
 `cut_every[path] = n` cuts every GET of that file (resumed ones too) after n bytes, a connection that always breaks
 and always makes a little progress; `status_all = 500` answers every request with that status, `status_files`
 every request for a file; `info_body` (bytes) replaces the repository info's JSON, a hostile answer, and
-`info_endless` makes it a chunked answer that never ends; `tree_body` replaces the file list's JSON; `xet` marks every file as stored in Xet (HEAD answers carry
-X-Xet-Hash and a refresh route, which answers 404: no CAS server here).
+`info_endless` makes it a chunked answer that never ends; `tree_body` replaces the file list's JSON;
+`xet` marks every file as stored in Xet (HEAD answers carry X-Xet-Hash and a refresh route, which answers
+404: no CAS server here).
 """
 from __future__ import annotations
 
