@@ -33,7 +33,11 @@ x^2 of each linear layer's input columns, what llama-imatrix records; llama-imat
 encoder), plus the encoder's output error on Emma with every linear weight quantized; and Gemma 3 270M's
 Q6_K/Q8_0 tensors with `gguftool imatrix` (llama-imatrix) on its F16 conversion. Needs the native build.
 
-    python scripts/bench_hqq_quality.py --imatrix [--sets minilm_l6_v2,gemma3_270m] [--threads 1]
+    python scripts/bench_hqq_quality.py --imatrix [--sets minilm_l6_v2,gemma3_270m] [--threads 1] [--kld-chunks 8]
+
+--kld-chunks n adds a whole-model check: Gemma 3 270M as Q4_HQQ with and without the imatrix, and
+llama-quantize's Q4_1 with and without it, llama-perplexity --kl-divergence against the F16 on n x 512 tokens of
+Emma.
 """
 from __future__ import annotations
 
@@ -397,6 +401,59 @@ def weighted_methods(target: str, threads: int):
     return m
 
 
+def gemma_kld(args) -> list[dict]:
+    """Whole model: Gemma 3 270M (its F16 conversion as source and as the base logits) written as Q4_HQQ with and
+    without the imatrix by `gguftool quantize`, and as Q4_1 with and without it by llama-quantize (the peer);
+    llama-perplexity --kl-divergence on Emma (not the imatrix's text), --kld-chunks x 512 tokens."""
+    import subprocess
+
+    from bench_hqq_speed import gemma_f16
+
+    from gguftool.native import tools
+    from gguftool.validate.metrics import PPL_RE, parse_kld
+    work = Path(args.work)
+    gemma_imatrix_set(work, args.threads)   # makes the F16 file and the imatrix once
+    f16, im = gemma_f16(work, args.threads), work / "gemma-3-270m.imatrix.gguf"
+    build = tools.find_build()
+    text = next(p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "emma.txt",
+                            Path("/work/shared/data/emma.txt")) if p.is_file())
+    common = ["-f", str(text), "-c", "512", "--chunks", str(args.kld_chunks), "-b", "512", "-t", str(args.threads)]
+    base = work / f"gemma-f16-{args.kld_chunks}.kld-base"
+
+    def run(cmd):
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"failed: {' '.join(map(str, cmd))}\n{(r.stdout + r.stderr)[-2000:]}")
+        return r.stdout + r.stderr
+
+    if not base.is_file():
+        run([build.tool("llama-perplexity"), "-m", f16, "--kl-divergence-base", base, *common])
+    rows = []
+    for label, cmd in (
+            ("Q4_1 llama-quantize", [build.tool("llama-quantize"), "--allow-requantize"]),
+            ("Q4_1 llama-quantize --imatrix", [build.tool("llama-quantize"), "--allow-requantize", "--imatrix", im]),
+            ("Q4_HQQ gguftool", [sys.executable, "-m", "gguftool", "quantize", "--allow-requantize"]),
+            ("Q4_HQQ gguftool --imatrix", [sys.executable, "-m", "gguftool", "quantize", "--allow-requantize",
+                                           "--imatrix", im]),
+            ("Q4_HQQ gguftool --imatrix --hqq-scale-search 1", [sys.executable, "-m", "gguftool", "quantize",
+                                                                "--allow-requantize", "--imatrix", im,
+                                                                "--hqq-scale-search", "1"])):
+        out = work / "gemma-kld.tmp.gguf"
+        ftype = label.split()[0]
+        if cmd[0] == sys.executable:
+            run([*cmd, f16, out, ftype, "-t", args.threads])
+        else:
+            run([*cmd, f16, out, ftype, args.threads])
+        log = run([build.tool("llama-perplexity"), "-m", out, "--kl-divergence-base", base, "--kl-divergence", *common])
+        k = parse_kld(log) or {}
+        m = PPL_RE.search(log)
+        rows.append({"file": label, "ppl": k.get("ppl", float(m.group(1)) if m else float("nan")),
+                     "kld": k.get("kld", float("nan"))})
+        print(f"  Gemma 3 270M {label:48s} PPL {rows[-1]['ppl']:.4f}  KLD {rows[-1]['kld']:.5f}", flush=True)
+        out.unlink()
+    return rows
+
+
 def weighted_main(args) -> int:
     """Weighted relative squared error sum w (x - xhat)^2 / sum w x^2 (w = the imatrix's per-column weights),
     and for MiniLM the encoder's output error on Emma, of every method of weighted_methods."""
@@ -440,8 +497,9 @@ def weighted_main(args) -> int:
                 res[mname] = r
             table.setdefault(target, {})[sname] = res
             print_weighted(target, sname, res)
+    kld = gemma_kld(args) if args.kld_chunks > 0 else []
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"args": vars(args), "weighted": table}, indent=1))
+    Path(args.json).write_text(json.dumps({"args": vars(args), "weighted": table, "kld": kld}, indent=1))
     print(f"wrote {args.json}")
     return 0
 
@@ -494,6 +552,8 @@ def main() -> int:
                     help="instead: weighted HQQ against unweighted HQQ and llama-quantize's imatrix search (real imatrices)")
     ap.add_argument("--calib-chunks", type=int, default=64, help="--imatrix: MiniLM calibration chunks of 128 tokens")
     ap.add_argument("--eval-chunks", type=int, default=16, help="--imatrix: MiniLM output-error chunks of 128 tokens")
+    ap.add_argument("--kld-chunks", type=int, default=0,
+                    help="--imatrix: also the whole-model KLD of Gemma 3 270M on this many 512-token chunks of Emma")
     args = ap.parse_args()
     if args.imatrix:
         if args.json == ap.get_default("json"):
