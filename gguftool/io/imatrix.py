@@ -83,13 +83,13 @@ def _load_gguf(path: Path) -> Imatrix:
             raise GgufToolError(f"{path}: {name}: {s.size} sums do not split into {c.size} matrices")
         s = s.reshape(c.size, -1)
         entries[name] = np.where(c[:, None] > 0, s / np.where(c > 0, c, 1)[:, None], np.float32(1)).reshape(-1)
-    for key in (keys.CHUNK_SIZE, keys.CHUNK_COUNT):
-        _whole_number(path, fields[key])
+    _whole_number(path, fields[keys.CHUNK_SIZE])   # checked, as llama.cpp reads it; not used here
+    chunk_count = _whole_number(path, fields[keys.CHUNK_COUNT])
     ds = fields[keys.DATASETS]
     if ds.types != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
         raise GgufToolError(f"{path}: metadata {keys.DATASETS} is {_type_name(ds)}, expected an array of strings")
     datasets = [bytes(ds.parts[i]).decode("utf-8", "replace") for i in ds.data]
-    return Imatrix(path, entries, datasets, _whole_number(path, fields[keys.CHUNK_COUNT]))
+    return Imatrix(path, entries, datasets, chunk_count)
 
 
 _INTEGER_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
