@@ -146,23 +146,41 @@ def _case_lines(indent: str = "        ") -> str:
 
 
 KV_CALIB_INCLUDE = '#include "../gguftool/gqt_kv_calib.h" // gguftool\n'
-KV_CALIB_OUT = "    cur = gqt_kv_calib_apply_out(ctx0, gqt_calib, gqt_vq, cur); // gguftool\n"
+KV_FUSED_INCLUDE = '#include "../../../gguftool/gqt_kv_fused.h" // gguftool\n'
 
 
-def _calib_in(mctx: str) -> str:
-    """build_attn's calibration lines: find the layer's calibration through its K cache tensor and
-    edit q/k/v before the rotation. Not with logit soft-capping, which a per-query shift changes."""
+def _ours(t: str) -> str:
+    return "(" + " || ".join(f"{t}->type == GGML_TYPE_{c.name}" for c in gtypes.CUSTOM_TYPES if c.kv_cache) + ")"
+
+
+def _calib_in(mctx: str, k_rot: str, v_rot: str) -> str:
+    """build_attn's calibration lines: find the layer's calibration through its K cache tensor, decide which
+    sides run it and the rotation inside the kernels (gqt_kv_fused.h), and edit q/k/v of the other sides
+    before the rotation. Not with logit soft-capping, which a per-query shift changes."""
     return (
-        "    // gguftool: KV calibration (gguftool/gqt_kv_calib.h)\n"
+        "    // gguftool: KV calibration (gguftool/gqt_kv_calib.h), inside the kernels where it can be\n"
         "    const gqt_kv_calib_layer * gqt_calib = nullptr;\n"
         "    bool gqt_kq = false, gqt_vq = false;\n"
+        "    gqt_kv_fused gqt_fuse;\n"
         "    if (!cparams.training && !hparams.attn_soft_cap) {\n"
         f"        ggml_tensor * gqt_kc = {mctx}->get_k(ctx0, il);\n"
+        f"        ggml_tensor * gqt_vc = v_cur ? {mctx}->get_v(ctx0, il) : nullptr;\n"
         "        gqt_calib = gqt_kv_calib_find(gqt_kc);\n"
         "        gqt_kq = ggml_is_quantized(gqt_kc->type);\n"
-        f"        gqt_vq = v_cur && ggml_is_quantized({mctx}->get_v(ctx0, il)->type);\n"
-        "        gqt_kv_calib_apply_in(ctx0, gqt_calib, gqt_kq, gqt_vq, &q_cur, &k_cur, &v_cur);\n"
+        "        gqt_vq = gqt_vc && ggml_is_quantized(gqt_vc->type);\n"
+        "        gqt_fuse = gqt_kv_fuse_plan(gqt_calib, cparams.flash_attn && kq_b == nullptr && v_mla == nullptr,\n"
+        f"                                    gqt_kc, {_ours('gqt_kc')},\n"
+        f"                                    gqt_vc, gqt_vc && {_ours('gqt_vc')}, {k_rot}, {v_rot});\n"
+        "        gqt_kv_calib_apply_in(ctx0, gqt_calib, gqt_kq && !gqt_fuse.k, gqt_vq && !gqt_fuse.v, &q_cur, &k_cur, &v_cur);\n"
         "    }\n")
+
+
+def _calib_out(v_rot_if: str, v_rot: str) -> str:
+    """after build_attn_mha: mark the fused nodes, the graph's own V rotation and mean for a side not fused"""
+    return (
+        "    gqt_kv_fuse_mark(ctx0, gf, gqt_fuse, cur); // gguftool\n"
+        f"    if ({v_rot_if}) {{\n        cur = llama_mul_mat_hadamard(ctx0, cur, {v_rot});\n    }}\n"
+        "    cur = gqt_kv_calib_apply_out(ctx0, gqt_calib, gqt_vq && !gqt_fuse.v, cur); // gguftool\n")
 
 
 _FA_DECODE = """\
@@ -356,8 +374,10 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     float * Kt = buf.data(), * Vt = Kt + T*DK, * st = Vt + T*DV, * acc = st + G*T;
     static thread_local std::vector<float *> vkq;
     static thread_local std::vector<const float *> qh;
+    static thread_local std::vector<float> qbuf;   // the group's queries where the node rotates them
     vkq.resize(G);
     qh.resize(G);
+    qbuf.resize(G*DK);
     int64_t cell[32];
     const ggml_fp16_t * mp = mask ? (const ggml_fp16_t *) mask->data : NULL;
     const ggml_fp16_t ninf = GGML_CPU_FP32_TO_FP16(-INFINITY);
@@ -382,7 +402,8 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
             p[1] = 0.0f;
             memset(p + 2, 0, DV * sizeof(float));
             vkq[g] = p + 2;
-            qh[g] = (const float *) ((const char *) q->data + (hk*G + g)*q->nb[2]);
+            qh[g] = gqt_fa_q(dst, hk*G + g, (const float *) ((const char *) q->data + (hk*G + g)*q->nb[2]),
+                             qbuf.data() + g*DK);
             if (!k_decode) {
                 ggml_get_type_traits_cpu(k_dot_type)->from_float(qh[g], q_dot.data() + g*q_row, DK);
             }
@@ -453,6 +474,84 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
 
 """
 
+# FLASH_ATTN_EXT's and SET_ROWS's part of the fused calibration and rotation (patches/gqt_kv_fused.h)
+_KV_FUSED_FA = """\
+// gguftool: the fused calibration and rotation of a FLASH_ATTN_EXT node (gqt_kv_fused.h)
+static inline const int32_t * gqt_fa_fused(const ggml_tensor * dst) {
+    return dst->op_params[GQT_FA_FUSED_PARAM] == GQT_KV_FUSED_MAGIC ? dst->op_params + GQT_FA_FUSED_PARAM : NULL;
+}
+
+// query row pq of head h as the keys were written (times the calibration's scales, rotated): pq itself where
+// the node has no K side, else buf (DK floats)
+static const float * gqt_fa_q(const ggml_tensor * dst, int64_t h, const float * pq, float * buf) {
+    const int32_t * f = gqt_fa_fused(dst);
+    const ggml_tensor * s = dst->src[5];
+    if (!f || (f[1] == 0 && !s)) {
+        return pq;
+    }
+    const int64_t DK = dst->src[1]->ne[0];
+    if (s) {
+        const float * sh = (const float *) s->data + h*DK;
+        for (int64_t j = 0; j < DK; ++j) {
+            buf[j] = pq[j]*sh[j];
+        }
+    } else {
+        memcpy(buf, pq, DK*sizeof(float));
+    }
+    if (f[1]) {
+        gqt_fwht_groups(buf, DK, f[1]);
+    }
+    return buf;
+}
+
+// output row o (DV floats, normalized) of head h back in the model's domain: rotated back, plus the mean
+static void gqt_fa_out(const ggml_tensor * dst, int64_t h, float * o) {
+    const int32_t * f = gqt_fa_fused(dst);
+    if (!f) {
+        return;
+    }
+    const int64_t DV = dst->src[2]->ne[0];
+    if (f[2]) {
+        gqt_fwht_groups(o, DV, f[2]);
+    }
+    if (dst->src[6]) {
+        const float * m = (const float *) dst->src[6]->data + h*DV;
+        for (int64_t d = 0; d < DV; ++d) {
+            o[d] = o[d] + m[d];
+        }
+    }
+}
+
+"""
+
+_KV_FUSED_SET_ROWS = """\
+// gguftool: a row of a fused SET_ROWS node as the cache stores it ((row - mean) * mul, rotated; gqt_kv_fused.h)
+static const float * gqt_set_rows_row(const ggml_tensor * dst, const float * row, int64_t nc) {
+    if (dst->op_params[0] != GQT_KV_FUSED_MAGIC) {
+        return row;
+    }
+    static thread_local std::vector<float> buf;
+    buf.resize(nc);
+    const float * mean = dst->src[3] ? (const float *) dst->src[3]->data : NULL;
+    const float * mul = dst->src[4] ? (const float *) dst->src[4]->data : NULL;
+    for (int64_t j = 0; j < nc; ++j) {
+        float x = row[j];
+        if (mean) {
+            x = x - mean[j];
+        }
+        if (mul) {
+            x = x*mul[j];
+        }
+        buf[j] = x;
+    }
+    if (dst->op_params[1]) {
+        gqt_fwht_groups(buf.data(), nc, dst->op_params[1]);
+    }
+    return buf.data();
+}
+
+"""
+
 # ggml_compute_forward_set_rows_impl: fewer rows than threads (a decode step writes one row per layer, with
 # n_tasks > 1 only for our types): each thread quantizes its share of the blocks of every row
 _SET_ROWS_SPLIT = """\
@@ -465,7 +564,7 @@ _SET_ROWS_SPLIT = """\
                     for (int64_t i = 0; i < nr; ++i) {
                         const int64_t i1 = *(idx_t *) ((char *) src1->data + i*nb10 + (i02%ne11)*nb11 + (i03%ne12)*nb12);
                         GGML_ASSERT(i1 >= 0 && i1 < ne1);
-                        from_float((const float *) ((char *) src0->data + i*nb01 + i02*nb02 + i03*nb03) + b0*bs,
+                        from_float(gqt_set_rows_row(dst, (const float *) ((char *) src0->data + i*nb01 + i02*nb02 + i03*nb03), nc) + b0*bs,
                                    (char *) dst->data + i1*nb1 + i02*nb2 + i03*nb3 + b0*ggml_type_size(dst->type),
                                    (b1 - b0)*bs);
                     }
@@ -511,7 +610,31 @@ def edits() -> list[Edit]:
         # flash attention reads a V row of a table-decoded type (TQ3_1/2/3) by accumulating its blocks straight
         # into the output (gqt_mad_<name>), where upstream converts every row to floats first and then adds them
         Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n',
-             "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in sorted({t.family for t in _table_decoded()}))),
+             "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in sorted({t.family for t in _table_decoded()}))
+             + KV_FUSED_INCLUDE + "#include <vector> // gguftool\n"),
+        # the calibration and rotation inside SET_ROWS and FLASH_ATTN_EXT (patches/gqt_kv_fused.h): the
+        # cache's rows on their way in, the query before its dots, the output after its normalization
+        Edit("ggml/src/ggml-cpu/ops.cpp", "template<typename src_t, typename idx_t>\nstatic void ggml_compute_forward_set_rows_impl(\n",
+             _KV_FUSED_SET_ROWS,
+             where="before"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "                    from_float(\n"
+             "                            (const float *) ((char *) src0->data +  i*nb01 + i02*nb02 + i03*nb03),\n",
+             "                    from_float(gqt_set_rows_row(dst, // gguftool\n"
+             "                            (const float *) ((char *) src0->data +  i*nb01 + i02*nb02 + i03*nb03), nc),\n",
+             where="replace"),
+        Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(\n",
+             _KV_FUSED_FA, where="before"),
+        Edit("ggml/src/ggml-cpu/ops.cpp",
+             "        q_to_vec_dot(pq, Q_q, DK);\n",
+             "        static thread_local std::vector<float> gqt_qbuf(DK); // gguftool\n"
+             "        gqt_qbuf.resize(DK);\n"
+             "        q_to_vec_dot(gqt_fa_q(dst, iq2, pq, gqt_qbuf.data()), Q_q, DK);\n", where="replace"),
+        Edit("ggml/src/ggml-cpu/ops.cpp", "            ggml_vec_scale_f32(DV, VKQ32, S_inv);\n\n            // dst indices\n",
+             "            ggml_vec_scale_f32(DV, VKQ32, S_inv);\n            gqt_fa_out(dst, iq2, VKQ32); // gguftool\n\n"
+             "            // dst indices\n", where="replace"),
+        Edit("ggml/src/ggml-cpu/ops.cpp", "            ggml_vec_scale_f32(DV, VKQ_final, S_inv);\n        }\n",
+             "        gqt_fa_out(dst, q_head, VKQ_final); // gguftool\n"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "    ggml_to_float_t   const v_to_float     = ggml_get_type_traits(v->type)->to_float;\n",
              "    void (* const v_mad)(int64_t, float *, const void *, float) = params->use_ref ? NULL : // gguftool\n"
@@ -623,18 +746,27 @@ def edits() -> list[Edit]:
         Edit("src/llama-kv-cache.cpp", "        layers.push_back({ il, k, v, k_stream, v_stream, });\n",
              "        gqt_kv_calib_bind(k, &model, il); // gguftool\n"),
         Edit("src/llama-graph.cpp", '#include "llama-graph.h"\n', KV_CALIB_INCLUDE, count=1),
+        # build_attn, unified cache: the calibration, then the rotation for a side not fused
         Edit("src/llama-graph.cpp",
              "    if (inp->self_k_rot) {\n        q_cur = llama_mul_mat_hadamard(ctx0, q_cur, inp->self_k_rot);\n",
-             _calib_in("inp->mctx"), where="before"),
+             _calib_in("inp->mctx", "inp->self_k_rot", "inp->self_v_rot")
+             + "    if (inp->self_k_rot && !gqt_fuse.k) { // gguftool\n"
+               "        q_cur = llama_mul_mat_hadamard(ctx0, q_cur, inp->self_k_rot);\n", where="replace"),
+        Edit("src/llama-graph.cpp",
+             "    if (inp->self_v_rot) {\n        v_cur = llama_mul_mat_hadamard(ctx0, v_cur, inp->self_v_rot);\n",
+             "    if (inp->self_v_rot && !gqt_fuse.v) { // gguftool\n"
+             "        v_cur = llama_mul_mat_hadamard(ctx0, v_cur, inp->self_v_rot);\n", where="replace"),
         Edit("src/llama-graph.cpp",
              "    if (inp->self_v_rot) {\n        cur = llama_mul_mat_hadamard(ctx0, cur, inp->self_v_rot);\n    }\n",
-             KV_CALIB_OUT),
+             _calib_out("inp->self_v_rot && !gqt_fuse.v", "inp->self_v_rot"), where="replace"),
+        # build_attn, sliding-window pair of caches: a fused side's rotation matrix is left out of the graph
         Edit("src/llama-graph.cpp",
              "    auto * k_rot = is_swa ? inp->self_k_rot_swa : inp->self_k_rot;\n"
              "    auto * v_rot = is_swa ? inp->self_v_rot_swa : inp->self_v_rot;\n",
-             _calib_in("(is_swa ? inp->mctx->get_swa() : inp->mctx->get_base())")),
+             _calib_in("(is_swa ? inp->mctx->get_swa() : inp->mctx->get_base())", "k_rot", "v_rot")
+             + "    if (gqt_fuse.k) k_rot = nullptr; // gguftool\n    if (gqt_fuse.v) v_rot = nullptr; // gguftool\n"),
         Edit("src/llama-graph.cpp", "    if (v_rot) {\n        cur = llama_mul_mat_hadamard(ctx0, cur, v_rot);\n    }\n",
-             KV_CALIB_OUT),
+             _calib_out("v_rot", "v_rot"), where="replace"),
         # build our kernels into ggml-base / ggml-cpu (after all backends are added)
         Edit("ggml/src/CMakeLists.txt", "target_link_libraries(ggml-base PRIVATE Threads::Threads)\n",
              "include(${CMAKE_CURRENT_SOURCE_DIR}/../../gguftool/gguftool.cmake) # gguftool kernels\n"),
@@ -767,7 +899,8 @@ def integrate(tree: Path, kernel_dir: Path = KERNEL_DIR, log=print) -> dict:
     cmake = CMAKE_TEMPLATE.replace("@BASE@", " ".join(base)).replace("@CPU@", " ".join(cpu))
     if _write_if_changed(gq / "gguftool.cmake", cmake.encode()):
         changed.append("gguftool/gguftool.cmake")
-    for name in ("gqt_check.c", "gqt_kvdump.cpp", "gqt_kv_calib.h", "gqt_kv_calib.cpp", "gqt_ggml_lib.c"):
+    for name in ("gqt_check.c", "gqt_kvdump.cpp", "gqt_kv_calib.h", "gqt_kv_calib.cpp", "gqt_kv_fused.h",
+                 "gqt_ggml_lib.c"):
         if _write_if_changed(gq / name, (PATCH_DIR / name).read_bytes()):
             changed.append(f"gguftool/{name}")
 

@@ -1,5 +1,6 @@
 // gguftool KV-cache calibration: metadata -> per-layer tensors -> graph edits. See gqt_kv_calib.h.
 #include "gqt_kv_calib.h"
+#include "gqt_kv_fused.h"
 
 #include "gguf.h"
 #include "ggml-backend.h"
@@ -217,6 +218,83 @@ ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_laye
                                      ggml_tensor * out) {
     if (!c || !v_quantized) return out;
     return ggml_add(ctx, out, c->out_mean);
+}
+
+// ---- the calibration and rotation inside the kernels (gqt_kv_fused.h) ------------------------
+
+static const ggml_tensor * base_of(const ggml_tensor * t) {
+    while (t && t->view_src) {
+        t = t->view_src;
+    }
+    return t;
+}
+
+gqt_kv_fused gqt_kv_fuse_plan(const gqt_kv_calib_layer * c, bool flash_attn, const ggml_tensor * k_cache, bool k_ours,
+                              const ggml_tensor * v_cache, bool v_ours, const ggml_tensor * k_rot,
+                              const ggml_tensor * v_rot) {
+    static const bool off = getenv("GGUFTOOL_KV_FUSED") && atoi(getenv("GGUFTOOL_KV_FUSED")) == 0;
+    gqt_kv_fused f;
+    if (off || !flash_attn) {
+        return f;
+    }
+    f.calib = c;
+    f.k = k_cache && ggml_is_quantized(k_cache->type) && (k_ours || c) && (k_rot || c);
+    f.v = v_cache && ggml_is_quantized(v_cache->type) && (v_ours || c) && (v_rot || c);
+    if (f.k) {
+        f.nk = k_rot ? (int32_t) k_rot->ne[0] : 0;
+        f.k_cache = base_of(k_cache);
+    }
+    if (f.v) {
+        f.nv = v_rot ? (int32_t) v_rot->ne[0] : 0;
+        f.v_cache = base_of(v_cache);
+    }
+    return f;
+}
+
+void gqt_kv_fuse_mark(ggml_context * ctx, ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out) {
+    GGML_UNUSED(ctx);
+    if (!f.k && !f.v) {
+        return;
+    }
+    ggml_tensor * fa = out;
+    while (fa && (fa->op == GGML_OP_RESHAPE || fa->op == GGML_OP_VIEW || fa->op == GGML_OP_PERMUTE)) {
+        fa = fa->src[0];
+    }
+    GGML_ASSERT(fa && fa->op == GGML_OP_FLASH_ATTN_EXT && "gguftool: fused KV transforms need the flash-attention node");
+    int32_t * p = fa->op_params;
+    p[GQT_FA_FUSED_PARAM] = GQT_KV_FUSED_MAGIC;
+    p[GQT_FA_FUSED_PARAM + 1] = f.k ? f.nk : 0;
+    p[GQT_FA_FUSED_PARAM + 2] = f.v ? f.nv : 0;
+    // tensors the graph did not reach yet are added as leafs, as the scheduler wants every input assigned
+    auto use = [gf](ggml_tensor * t) {
+        if (t) ggml_build_forward_expand(gf, t);
+        return t;
+    };
+    if (f.calib) {
+        fa->src[5] = f.k ? use(f.calib->q_scale) : nullptr;
+        fa->src[6] = f.v ? use(f.calib->out_mean) : nullptr;
+    }
+    int found = 0;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor * n = ggml_graph_node(gf, i);
+        if (n->op != GGML_OP_SET_ROWS) {
+            continue;
+        }
+        const ggml_tensor * dst = base_of(n->src[2]);
+        const bool is_k = f.k && dst == f.k_cache, is_v = f.v && dst == f.v_cache;
+        if (!is_k && !is_v) {
+            continue;
+        }
+        GGML_ASSERT(n->src[0]->type == GGML_TYPE_F32 && ggml_is_contiguous_rows(n->src[0]));
+        n->op_params[0] = GQT_KV_FUSED_MAGIC;
+        n->op_params[1] = is_k ? f.nk : f.nv;
+        if (f.calib) {
+            n->src[3] = use(is_k ? f.calib->k_mean : f.calib->v_mean);
+            n->src[4] = is_k ? use(f.calib->k_inv) : nullptr;
+        }
+        found |= is_k ? 1 : 2;
+    }
+    GGML_ASSERT(found == ((f.k ? 1 : 0) | (f.v ? 2 : 0)) && "gguftool: a fused side's cache write is not in the graph");
 }
 
 // ---- per-layer cache types -------------------------------------------------------------------

@@ -46,6 +46,22 @@ void gqt_kv_calib_apply_in(ggml_context * ctx, const gqt_kv_calib_layer * c, boo
 ggml_tensor * gqt_kv_calib_apply_out(ggml_context * ctx, const gqt_kv_calib_layer * c, bool v_quantized,
                                      ggml_tensor * out);
 
+// The calibration and llama.cpp's rotation inside SET_ROWS and FLASH_ATTN_EXT (gqt_kv_fused.h), per side:
+// where flash attention is on, that side's cache is quantized and either one of gguftool's types (`ours`)
+// or calibrated, and GGUFTOOL_KV_FUSED is not 0. A side that is not fused keeps the graph nodes.
+struct gqt_kv_fused {
+    bool k = false, v = false;
+    int32_t nk = 0, nv = 0;                       // rotation sizes (0: none)
+    const gqt_kv_calib_layer * calib = nullptr;
+    const ggml_tensor * k_cache = nullptr, * v_cache = nullptr;
+};
+gqt_kv_fused gqt_kv_fuse_plan(const gqt_kv_calib_layer * c, bool flash_attn, const ggml_tensor * k_cache, bool k_ours,
+                              const ggml_tensor * v_cache, bool v_ours, const ggml_tensor * k_rot,
+                              const ggml_tensor * v_rot);
+// After build_attn_mha: mark its FLASH_ATTN_EXT node (found from `out`) and the layer's SET_ROWS nodes in gf.
+// Aborts when a fused side's node is missing: the graph would otherwise attend to unrotated data.
+void gqt_kv_fuse_mark(ggml_context * ctx, ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out);
+
 // Per-layer cache types (docs/kv.md, "per-layer plans"). A file may plan, for one requested cache type,
 // other types on some layers: gguftool.kv_layers.k = "8-19:q4_0" with gguftool.kv_layers.k.for = "tq3_2"
 // (and .v / .v.for), written by `gguftool kv-calibrate --k-layers tq3_2=8-19:q4_0`. A malformed plan is
