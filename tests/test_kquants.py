@@ -435,3 +435,19 @@ def test_legacy_mix_falls_back_only_when_llama_quantize_cannot_plan(monkeypatch,
         cli_planning.llama_file_type(opts, None, None)
         assert "using gguftool's rules for Q4_0" in capsys.readouterr().err
         assert opts.mix is None
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("tname", ["Q4_HQQ", "Q4_HQQ_128"])
+def test_llama_quantize_q4_hqq_takes_the_imatrix_as_we_do(native, tiny, tmp_path, tname):  # noqa: F811
+    """Our types in the bundled llama-quantize: with --imatrix its ggml entry point runs the weighted
+    solver, byte for byte what `gguftool quantize --imatrix` writes, and not the unweighted bytes."""
+    model, imx = tiny
+    ref, ours, plain = tmp_path / "ref.gguf", tmp_path / "ours.gguf", tmp_path / "plain.gguf"
+    llama_quantize(native, "--pure", "--imatrix", imx, model, ref, tname)
+    assert main(["quantize", str(model), str(ours), tname, "--pure", "--imatrix", str(imx)]) == 0
+    counts = assert_same_tensors(ref, ours)
+    assert counts[tname] >= 16, counts
+    llama_quantize(native, "--pure", model, plain, tname)
+    name = "blk.0.ffn_down.weight"
+    assert not np.array_equal(GGUFFile(ref).tensor(name).raw_rows(), GGUFFile(plain).tensor(name).raw_rows())

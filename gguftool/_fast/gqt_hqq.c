@@ -797,16 +797,27 @@ void gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k) {
     quantize_row_default(GQT_TYPE_Q4_HQQ_128, x, y, k);
 }
 
+/* llama-quantize's entry: with an importance matrix (one weight per column) the weighted solver, as
+ * quantize_hqq(imatrix=) runs it; an imatrix holding a negative or non-finite value is not a weighting
+ * (and ggml has no error channel here), so that tensor is solved unweighted */
+static size_t quantize_chunk(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                             const float * imatrix) {
+    hqq_target t;
+    gqt_hqq_params p;
+    target_info(target, &t);
+    gqt_hqq_default_params(&p);
+    for (int64_t j = 0; imatrix && j < n_per_row; j++)
+        if (!(imatrix[j] >= 0.0f) || !isfinite(imatrix[j])) imatrix = NULL;
+    (void) quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), &p, imatrix, 0, n_per_row / t.group);
+    return (size_t) nrows * gqt_hqq_row_size(target, n_per_row);
+}
+
 size_t gqt_quantize_q4_hqq(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix) {
-    (void) imatrix;
-    quantize_row_default(GQT_TYPE_Q4_HQQ, src, dst, nrows * n_per_row);
-    return (size_t) nrows * gqt_hqq_row_size(GQT_TYPE_Q4_HQQ, n_per_row);
+    return quantize_chunk(GQT_TYPE_Q4_HQQ, src, dst, nrows, n_per_row, imatrix);
 }
 
 size_t gqt_quantize_q4_hqq_128(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix) {
-    (void) imatrix;
-    quantize_row_default(GQT_TYPE_Q4_HQQ_128, src, dst, nrows * n_per_row);
-    return (size_t) nrows * gqt_hqq_row_size(GQT_TYPE_Q4_HQQ_128, n_per_row);
+    return quantize_chunk(GQT_TYPE_Q4_HQQ_128, src, dst, nrows, n_per_row, imatrix);
 }
 
 void gqt_dequantize_row_q4_hqq(const void * x, float * y, int64_t k) {
