@@ -18,8 +18,8 @@ EXAMPLES = """examples:
 
 Only the files a conversion needs are downloaded (config, tokenizer, safetensors; or one GGUF model, with
 every shard of a split one), into the Hugging Face cache (HF_HOME / HF_HUB_CACHE), pinned to the commit the
-revision resolves to; that commit is recorded in the output (gguftool.source.*). Interrupted downloads resume:
-run the command again.
+revision resolves to; that commit is recorded in the output (gguftool.source.*). An interrupted download resumes
+with the files it lacks: run the command again (a file cut off midway starts over).
 Environment: HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_OFFLINE, HF_HOME.
 """
 DEFAULT_TYPE = "Q4_HQQ"
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
     p.add_argument("--deadline", type=number(float, above=0), default=hubio.DEADLINE_SECONDS, metavar="SECONDS",
-                   help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; it resumes)")
+                   help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; finished files stay cached)")
     p.add_argument("--attempts", type=positive, default=hubio.ATTEMPTS, metavar="N",
                    help=f"tries of one file before giving up (default {hubio.ATTEMPTS}); the download gives up after "
                         f"{hubio.RETRIES_PER_ATTEMPT} x N retries in all")

@@ -4,7 +4,9 @@ Only the files a conversion needs are fetched (allow_patterns). The revision (br
 is resolved to a commit first and the download is pinned to that commit, which the caller records
 in the output's metadata. Downloads land in the standard HF cache, so a file finished once is never
 fetched again (an interrupted run resumes with the files it lacks), and huggingface_hub resumes a
-file whose connection breaks with a Range request.
+file whose connection breaks with a Range request. A file cut off when the run ends (deadline, attempt
+limit, a signal) is not kept: huggingface_hub writes each download to a file of its own and deletes it on
+failure, so that file starts over on the next run.
 
 The HF_* variables are read when a download starts (not when huggingface_hub was imported):
 HF_ENDPOINT (mirror), HF_TOKEN, HF_HUB_OFFLINE, HF_HOME / HF_HUB_CACHE.
@@ -260,7 +262,7 @@ def fetch(repo_id: str, revision: str | None = None, *, deadline: float | None =
           attempts: int = ATTEMPTS, **kw) -> Snapshot:
     """Download what a conversion of `repo_id` needs; returns where it lies and which commit it is.
     A server that trickles or stalls cannot hold the run past `deadline` seconds: the download runs in
-    a daemon thread and we stop waiting (what arrived stays in the cache, and the next run resumes).
+    a daemon thread and we stop waiting (the files that finished stay in the cache; the next run fetches the rest).
     A server that keeps failing cannot make it retry without end: see ATTEMPTS."""
     global _budget
     _install_budget()
@@ -316,7 +318,8 @@ def _fetch_within(repo_id: str, revision: str | None, deadline: float | None, bu
     if t.is_alive():
         budget.abandoned = True
         raise GgufToolError(f"{repo_id}: the download did not finish within {deadline:g} s ({endpoint()})",
-                            hint="what arrived is cached: run again to resume, or raise --deadline")
+                            hint="the files that finished are cached (the one cut off starts over): run again to fetch the rest, "
+                                 "or raise --deadline")
     if "error" in done:
         raise done["error"]
     return done["snapshot"]
