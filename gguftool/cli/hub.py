@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the saved login)")
     p.add_argument("--offline", action="store_true", help="use the local cache only (same as HF_HUB_OFFLINE=1)")
     p.add_argument("--deadline", type=number(float, above=0), default=hubio.DEADLINE_SECONDS, metavar="SECONDS",
-                   help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; finished files stay cached)")
+                   help=f"give up on the download after this long (default {hubio.DEADLINE_SECONDS} s; "
+                        "finished files stay cached)")
     p.add_argument("--attempts", type=positive, default=hubio.ATTEMPTS, metavar="N",
                    help=f"tries of one file before giving up (default {hubio.ATTEMPTS}); the download gives up after "
                         f"{hubio.RETRIES_PER_ATTEMPT} x N retries in all")
