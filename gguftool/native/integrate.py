@@ -178,7 +178,7 @@ def _calib_in(mctx: str, k_rot: str, v_rot: str) -> str:
 def _calib_out(v_rot_if: str, v_rot: str) -> str:
     """after build_attn_mha: mark the fused nodes, the graph's own V rotation and mean for a side not fused"""
     return (
-        "    gqt_kv_fuse_mark(ctx0, gf, gqt_fuse, cur); // gguftool\n"
+        "    gqt_kv_fuse_mark(gf, gqt_fuse, cur); // gguftool\n"
         f"    if ({v_rot_if}) {{\n        cur = llama_mul_mat_hadamard(ctx0, cur, {v_rot});\n    }}\n"
         "    cur = gqt_kv_calib_apply_out(ctx0, gqt_calib, gqt_vq && !gqt_fuse.v, cur); // gguftool\n")
 

@@ -251,8 +251,7 @@ gqt_kv_fused gqt_kv_fuse_plan(const gqt_kv_calib_layer * c, bool flash_attn, con
     return f;
 }
 
-void gqt_kv_fuse_mark(ggml_context * ctx, ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out) {
-    GGML_UNUSED(ctx);
+void gqt_kv_fuse_mark(ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out) {
     if (!f.k && !f.v) {
         return;
     }

@@ -60,7 +60,7 @@ gqt_kv_fused gqt_kv_fuse_plan(const gqt_kv_calib_layer * c, bool flash_attn, con
                               const ggml_tensor * v_rot);
 // After build_attn_mha: mark its FLASH_ATTN_EXT node (found from `out`) and the layer's SET_ROWS nodes in gf.
 // Aborts when a fused side's node is missing: the graph would otherwise attend to unrotated data.
-void gqt_kv_fuse_mark(ggml_context * ctx, ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out);
+void gqt_kv_fuse_mark(ggml_cgraph * gf, const gqt_kv_fused & f, ggml_tensor * out);
 
 // Per-layer cache types (docs/kv.md, "per-layer plans"). A file may plan, for one requested cache type,
 // other types on some layers: gguftool.kv_layers.k = "8-19:q4_0" with gguftool.kv_layers.k.for = "tq3_2"
