@@ -11,10 +11,9 @@ import re
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from gguftool.pipeline import kvcalib
+from .test_kvcalib import random_calibration
 
 pytestmark = pytest.mark.native
 
@@ -27,30 +26,6 @@ def _tool(name: str) -> Path:
         return tools.tool(name)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"native build absent: {e}")
-
-
-def _random_calibration(model: Path, out: Path, seed: int) -> Path:
-    """`model` with large random means and scales in every layer: any slip between the fused and the
-    graph transforms shows at once."""
-    from gguf import GGUFValueType
-
-    from gguftool.io.reader import GGUFFile
-    src = GGUFFile(model)
-    arch = src.get("general.architecture")
-    n_layer = int(src.get(f"{arch}.block_count"))
-    dk = int(src.get(f"{arch}.attention.key_length") or int(src.get(f"{arch}.embedding_length")) //
-             int(src.get(f"{arch}.attention.head_count")))
-    hkv = src.get(f"{arch}.attention.head_count_kv")
-    n = dk * int(hkv if np.isscalar(hkv) else hkv[0])
-    rng = np.random.default_rng(seed)
-    A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
-    items = []
-    for il in range(n_layer):
-        items += [(f"{kvcalib.META}blk.{il}.k_mean", (rng.standard_normal(n) * 3).tolist(), A, F),
-                  (f"{kvcalib.META}blk.{il}.k_scale", np.repeat(rng.uniform(0.5, 2.0, n // 2), 2).tolist(), A, F),
-                  (f"{kvcalib.META}blk.{il}.v_mean", (rng.standard_normal(n) * 0.5).tolist(), A, F)]
-    kvcalib.write(model, out, items, {})
-    return out
 
 
 def _run(args: list[str], fused: bool) -> tuple[str, str]:
@@ -86,7 +61,7 @@ def _greedy(model: Path, k: str, v: str, prompt: Path, fused: bool) -> str:
     (True, "tq3_1", "q8_0"),
 ])
 def test_smollm2_prefill_logits_are_identical(smollm2, tmp_path, calibrated, k, v):
-    model = _random_calibration(smollm2, tmp_path / "cal.gguf", 5) if calibrated else smollm2
+    model = random_calibration(smollm2, tmp_path / "cal.gguf", 5) if calibrated else smollm2
     graph_ppl, graph_nodes = _perplexity(model, k, v, tmp_path / "graph.kld", False, 256)
     fused_ppl, fused_nodes = _perplexity(model, k, v, tmp_path / "fused.kld", True, 256)
     assert fused_ppl == graph_ppl
@@ -107,7 +82,7 @@ def test_stock_cache_of_a_plain_file_keeps_the_graph(smollm2, tmp_path):
 def test_gemma_calibrated_prefill_and_decode_match(gemma, tmp_path):
     """Gemma 3: head dim 256 (a 256-wide K rotation, 64-wide V), sliding-window layers (the other cache of
     the pair), and decodes past 512 cached keys (the split-key path) and below (the one-chunk path)."""
-    model = _random_calibration(gemma, tmp_path / "cal.gguf", 6)
+    model = random_calibration(gemma, tmp_path / "cal.gguf", 6)
     graph_ppl, graph_nodes = _perplexity(model, "tq3_3", "iq4_nl", tmp_path / "graph.kld", False, 512)
     fused_ppl, fused_nodes = _perplexity(model, "tq3_3", "iq4_nl", tmp_path / "fused.kld", True, 512)
     assert fused_ppl == graph_ppl

@@ -81,30 +81,40 @@ def test_value_error_by_hand():
     assert abs(kvcalib.value_error(q, k, v, vh, 8, max_queries=8) - err / ref) < 1e-12
 
 
+def random_calibration(model: Path, out: Path, seed: int) -> Path:
+    """`model` with large random means and scales in every layer (RoPE pairs of adjacent channels share a
+    scale): any slip in applying them shows at once."""
+    from gguf import GGUFValueType
+
+    from gguftool.io.reader import GGUFFile
+    src = GGUFFile(model)
+    arch = src.get("general.architecture")
+    n_layer = int(src.get(f"{arch}.block_count"))
+    dk = int(src.get(f"{arch}.attention.key_length") or int(src.get(f"{arch}.embedding_length")) //
+             int(src.get(f"{arch}.attention.head_count")))
+    hkv = src.get(f"{arch}.attention.head_count_kv")
+    n = dk * int(hkv if np.isscalar(hkv) else hkv[0])
+    rng = np.random.default_rng(seed)
+    A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
+    items = []
+    for il in range(n_layer):
+        items += [(f"{kvcalib.META}blk.{il}.k_mean", (rng.standard_normal(n) * 3).tolist(), A, F),
+                  (f"{kvcalib.META}blk.{il}.k_scale", np.repeat(rng.uniform(0.5, 2.0, n // 2), 2).tolist(), A, F),
+                  (f"{kvcalib.META}blk.{il}.v_mean", (rng.standard_normal(n) * 0.5).tolist(), A, F)]
+    kvcalib.write(model, out, items, {})
+    return out
+
+
 @pytest.mark.native
 def test_native_runtime_applies_calibration_exactly(smollm2, tmp_path):
     """Large random means and scales in the file: with a q8_0 cache the perplexity must stay that of
     the plain file (a missing add-back, an unscaled query or a wrong layout would wreck it)."""
-    from gguf import GGUFValueType
-
-    from gguftool.io.reader import GGUFFile
     from gguftool.native import tools
     try:
         ppl_bin = tools.tool("llama-perplexity")
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"native build absent: {e}")
-    src = GGUFFile(smollm2)
-    n_layer = int(src.get("llama.block_count"))
-    rng = np.random.default_rng(2)
-    A, F = GGUFValueType.ARRAY, GGUFValueType.FLOAT32
-    items = []
-    for il in range(n_layer):
-        s = np.repeat(rng.uniform(0.5, 2.0, 96), 2)
-        items += [(f"{kvcalib.META}blk.{il}.k_mean", (rng.standard_normal(192) * 3).tolist(), A, F),
-                  (f"{kvcalib.META}blk.{il}.k_scale", s.tolist(), A, F),
-                  (f"{kvcalib.META}blk.{il}.v_mean", (rng.standard_normal(192) * 0.5).tolist(), A, F)]
-    out = tmp_path / "cal.gguf"
-    kvcalib.write(smollm2, out, items, {})
+    out = random_calibration(smollm2, tmp_path / "cal.gguf", 2)
     text = kvcalib.__file__.replace("pipeline/kvcalib.py", "data/pride_and_prejudice.txt")
 
     def ppl(model):

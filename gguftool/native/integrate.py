@@ -150,6 +150,7 @@ KV_FUSED_INCLUDE = '#include "../../../gguftool/gqt_kv_fused.h" // gguftool\n'
 
 
 def _ours(t: str) -> str:
+    """C test: tensor `t` is of one of our cache types"""
     return "(" + " || ".join(f"{t}->type == GGML_TYPE_{c.name}" for c in gtypes.CUSTOM_TYPES if c.kv_cache) + ")"
 
 
@@ -627,7 +628,7 @@ def edits() -> list[Edit]:
              _KV_FUSED_FA, where="before"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "        q_to_vec_dot(pq, Q_q, DK);\n",
-             "        static thread_local std::vector<float> gqt_qbuf(DK); // gguftool\n"
+             "        static thread_local std::vector<float> gqt_qbuf; // gguftool\n"
              "        gqt_qbuf.resize(DK);\n"
              "        q_to_vec_dot(gqt_fa_q(dst, iq2, pq, gqt_qbuf.data()), Q_q, DK);\n", where="replace"),
         Edit("ggml/src/ggml-cpu/ops.cpp", "            ggml_vec_scale_f32(DV, VKQ32, S_inv);\n\n            // dst indices\n",
@@ -677,9 +678,8 @@ def edits() -> list[Edit]:
         # and a decode step's single row is split by blocks
         Edit("ggml/src/ggml-cpu/ggml-cpu.c",
              "                //n_tasks = n_threads;\n                n_tasks = 1;\n",
-             "                if (node->op == GGML_OP_SET_ROWS && ("
-             + " || ".join(f"node->type == GGML_TYPE_{t.name}" for t in gtypes.CUSTOM_TYPES if t.kv_cache)
-             + ")) { // gguftool\n                    n_tasks = n_threads;\n                }\n"),
+             "                if (node->op == GGML_OP_SET_ROWS && " + _ours("node")
+             + ") { // gguftool\n                    n_tasks = n_threads;\n                }\n"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "    ggml_from_float_t const from_float = ggml_get_type_traits_cpu(dst->type)->from_float;\n",
              _SET_ROWS_SPLIT),
