@@ -154,15 +154,17 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
     with no mask or one that leaves a window of keys wrapping around the cells (a sliding-window layer):
     the build's path gives ggml's reference path's result (one head per thread, to_float then mad) and
     attention in double on the decoded cache. From 512 keys on, the build splits the unmasked keys over
-    the threads and reads each quantized row once for the 3 query heads of its KV head; TQ3 keys are then
-    dotted with the exact f32 query instead of its Q8_0 rounding, so they agree with the double attention
-    to float rounding. GGUFTOOL_FA_GROUPED=0 keeps the split and upstream's per-head reads."""
+    the threads and reads each quantized row once for the 3 query heads of its KV head; TQ3_1/TQ3_2 keys are
+    then dotted with the exact f32 query instead of its Q8_0 rounding, so they agree with the double attention
+    to float rounding, while TQ3_3 keys (a grouped Q8_0 dot, types.py dot_heads) agree with the reference.
+    GGUFTOOL_FA_GROUPED=0 keeps the split and upstream's per-head reads."""
     d = max([64] + [gtypes.BY_NAME[t.upper()].block_size for t in (k, v) if t.upper() in gtypes.BY_NAME])
     args = ["fa", k, v, str(d), str(n_kv), "9", "3", "2", "1", *([str(window)] if window else [])]
     runs = {"grouped": check(native, *args)}
     if n_kv >= 512 and k != "f16":
         runs["per-head"] = check(native, *args, env={"GGUFTOOL_FA_GROUPED": "0"})
-    exact_q = n_kv >= 512 and k.upper() in gtypes.BY_NAME and gtypes.BY_NAME[k.upper()].table_decode
+    kt = gtypes.BY_NAME.get(k.upper())
+    exact_q = n_kv >= 512 and kt is not None and kt.table_decode and not kt.dot_heads
     for how, out in runs.items():
         got = {key: float(val) for key, val in (kv.split("=") for kv in out.split())}
         if how == "grouped" and exact_q:

@@ -211,3 +211,49 @@ def test_fused_v_accumulate_same_bits_on_every_toolchain(tmp_path, toolchain):
     out = subprocess.run([*runner, str(exe), str(len(q)), str(acc.shape[1])],
                          input=q.tobytes() + acc.tobytes() + s.tobytes(), capture_output=True, check=True, timeout=120).stdout
     assert out == tcq3.mad_ref(q, acc, s).tobytes()
+
+
+_HEADS_HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "gqt_tcq3.h"
+/* rows K rows of n values against G query rows: s[r * G + g] = gqt_vec_dot_tq3_3_q8_0_heads's row g */
+int main(int argc, char ** argv) {
+    const int rows = atoi(argv[1]), n = atoi(argv[2]), G = atoi(argv[3]), G4 = (G + 3) & ~3;
+    const size_t nq = (size_t) rows * n / 64 * 26, ny = (size_t) G * n / 32 * 34;
+    unsigned char * q = malloc(nq), * y = malloc(ny);
+    float * yd = calloc((size_t) G4 * n / 32, sizeof(float)), * s = malloc(sizeof(float) * rows * G);
+    if (fread(q, 1, nq, stdin) != nq || fread(y, 1, ny, stdin) != ny) return 2;
+    for (int g = 0; g < G; ++g) {
+        const gqt_block_q8_0 * yb = (const gqt_block_q8_0 *) (y + (size_t) g * n / 32 * 34);
+        for (int j = 0; j < n / 32; ++j) yd[(size_t) j * G4 + g] = gqt_fp16_to_fp32(yb[j].d);
+    }
+    for (int r = 0; r < rows; ++r) {
+        gqt_vec_dot_tq3_3_q8_0_heads(n, q + (size_t) r * n / 64 * 26, y, (size_t) n / 32 * 34, yd, G, s + (size_t) r * G, 1);
+    }
+    fwrite(s, sizeof(float), (size_t) rows * G, stdout);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
+def test_dot_with_every_head_same_bits_as_one_dot_each(tmp_path, toolchain):
+    """Decode's grouped K dot (one level decode per block for the query heads sharing a K row, four heads in
+    the lanes of one accumulator) gives every head the bits of the single-row vec_dot's numpy twin, for group
+    sizes that fill the lanes, leave some empty, and take two passes; zero-scale and tiny blocks included."""
+    runner, exe = build_harness(tmp_path, toolchain, _HEADS_HARNESS, "gqt_tcq3.c")
+    rng = np.random.default_rng(517)
+    x = rng.standard_normal((12, 256)).astype(np.float32)
+    x[1] = 0.0
+    x[2, :64] *= np.float32(1e-6)
+    x[3] *= np.float32(1e3)
+    q = tcq3.quantize_ref(x, saturate=True)
+    for g in (1, 3, 4, 7, 8):
+        y8 = tq3.quantize_q8_0_ref((rng.standard_normal((g, 256)) * rng.uniform(0.1, 10, (g, 1))).astype(np.float32))
+        out = subprocess.run([*runner, str(exe), str(len(q)), "256", str(g)], input=q.tobytes() + y8.tobytes(),
+                             capture_output=True, check=True, timeout=120).stdout
+        got = np.frombuffer(out, np.float32).reshape(len(q), g)
+        want = np.stack([tcq3.vec_dot_q8_0_ref(q, np.repeat(y8[h:h + 1], len(q), axis=0)) for h in range(g)], axis=1)
+        assert got.tobytes() == want.astype(np.float32).tobytes(), (toolchain, g)
+        assert np.all(got[1] == 0.0)
