@@ -367,6 +367,11 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     // decodes each block once for the group's heads; other table-decoded K rows are decoded to floats
     void (* const k_dot_heads)(int, const void *, const void *, size_t, const float *, int, float *, int) = @DOT_HEADS@;
     const bool k_decode = !k_dot_heads && (@TABLE_DECODED@);
+    // a stock K type of an integer per value and a scale per 32 (gqt_kv_dot.h): each row turned into int8
+    // levels once and dotted with the group's Q8_0 queries, where its vec_dot unpacks it once per head
+    const int k_levels = ggml_get_type_traits_cpu(k->type)->vec_dot_type != GGML_TYPE_Q8_0 ? -1 :
+        k->type == GGML_TYPE_Q4_0 ? GQT_KV_DOT_Q4_0 : k->type == GGML_TYPE_Q5_0 ? GQT_KV_DOT_Q5_0 :
+        k->type == GGML_TYPE_Q8_0 ? GQT_KV_DOT_Q8_0 : k->type == GGML_TYPE_IQ4_NL ? GQT_KV_DOT_IQ4_NL : -1;
     const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
     ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     const size_t q_row = ggml_row_size(k_dot_type, DK);
@@ -376,7 +381,8 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     // weights) per head, and [M, S, VKQ] per head (the partials of the threads share cache lines, and writing
     // them per key made two threads slower than one)
     static thread_local std::vector<char> q_dot;
-    static thread_local std::vector<float> q_d;
+    static thread_local std::vector<float> q_d, k_d;
+    static thread_local std::vector<int8_t> k_lv;
     static thread_local std::vector<float> buf;
     buf.resize(T*(DK + DV) + G*T + G*(2 + DV));
     float * Kt = buf.data(), * Vt = Kt + T*DK, * st = Vt + T*DV, * acc = st + G*T;
@@ -403,6 +409,8 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     if (!k_decode) {
         q_dot.resize(G * q_row);
         q_d.assign(G4 * (DK/32), 0.0f);
+        k_lv.resize(DK);
+        k_d.resize(DK/32);
     }
     for (int64_t hk = 0; hk < nhk; ++hk) {
         for (int64_t g = 0; g < G; ++g) {
@@ -415,7 +423,7 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
                              qbuf.data() + g*DK);
             if (!k_decode) {
                 ggml_get_type_traits_cpu(k_dot_type)->from_float(qh[g], q_dot.data() + g*q_row, DK);
-                if (k_dot_heads) {   // its Q8_0 scales as floats, once per call
+                if (k_dot_heads || k_levels >= 0) {   // its Q8_0 scales as floats, once per call
                     const gqt_block_q8_0 * yb = (const gqt_block_q8_0 *) (q_dot.data() + g*q_row);
                     for (int64_t j = 0; j < DK/32; ++j) {
                         q_d[j*G4 + g] = gqt_fp16_to_fp32(yb[j].d);
@@ -444,6 +452,11 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
             } else if (k_dot_heads) {
                 for (int t = 0; t < n; ++t) {
                     k_dot_heads(DK, k_base + cell[t]*k->nb[1], q_dot.data(), q_row, q_d.data(), G, st + t, T);
+                }
+            } else if (k_levels >= 0) {
+                for (int t = 0; t < n; ++t) {
+                    gqt_kv_levels(k_levels, k_base + cell[t]*k->nb[1], DK, k_lv.data(), k_d.data());
+                    gqt_kv_dot_heads(DK, k_lv.data(), k_d.data(), q_dot.data(), q_row, q_d.data(), (int) G, st + t, T);
                 }
             } else {
                 for (int t = 0; t < n; ++t) {
@@ -630,7 +643,7 @@ def edits() -> list[Edit]:
         # into the output (gqt_mad_<name>), where upstream converts every row to floats first and then adds them
         Edit("ggml/src/ggml-cpu/ops.cpp", '#include "vec.h"\n',
              "".join(f'#include "gqt_{f}.h" // gguftool\n' for f in sorted({t.family for t in _table_decoded()}))
-             + KV_FUSED_INCLUDE + "#include <vector> // gguftool\n"),
+             + '#include "gqt_kv_dot.h" // gguftool\n' + KV_FUSED_INCLUDE + "#include <vector> // gguftool\n"),
         # the calibration and rotation inside SET_ROWS and FLASH_ATTN_EXT (patches/gqt_kv_fused.h): the
         # cache's rows on their way in, the query before its dots, the output after its normalization
         Edit("ggml/src/ggml-cpu/ops.cpp", "template<typename src_t, typename idx_t>\nstatic void ggml_compute_forward_set_rows_impl(\n",
