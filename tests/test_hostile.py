@@ -93,6 +93,28 @@ def test_quantize_refuses_an_output_that_is_not_a_regular_file(tmp_path, rng, ca
     assert _temporaries(tmp_path) == []
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+def test_a_tensor_type_file_that_is_no_rule_list_is_refused(tmp_path, rng, capsys, kind):
+    """--tensor-type-file is read whole: a FIFO or /dev/zero would never end (or fill memory), so only a
+    regular file of bounded size is read, and nothing is written."""
+    src = tiny_llama(tmp_path / "m.gguf", rng)
+    rules = tmp_path / "rules.txt"
+    if kind == "fifo":
+        os.mkfifo(rules)
+    elif kind == "dev-zero":
+        rules.symlink_to("/dev/zero")
+    elif kind == "directory":
+        rules.mkdir()
+    else:
+        with open(rules, "wb") as f:
+            f.truncate(17 * 2**20)
+    out = tmp_path / "out.gguf"
+    assert main(["quantize", str(src), str(out), TYPE, "--tensor-type-file", str(rules)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {rules}: the tensor type file is " in err and "unexpected" not in err, err
+    assert not out.exists() and _temporaries(tmp_path) == []
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev-null-symlink", "directory"])
 def test_convert_refuses_an_output_that_is_not_a_regular_file(tmp_path, rng, capsys, kind):
     ck = tiny_checkpoint(tmp_path / "ck", rng)

@@ -86,3 +86,46 @@ def test_disk_full_is_a_clear_error(tmp_path, rng, capsys):
         assert os.listdir(full) == []
     finally:
         subprocess.run(["umount", str(full)])
+
+
+def _alive(pid: int) -> bool:
+    """running or sleeping (a zombie waiting for init to reap it counts as gone)"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_validate_stops_the_tool_it_runs(tmp_path, sig):
+    """validate runs each llama tool in a session of its own (a timeout kills the whole group): when gguftool
+    itself is interrupted, the tool (and GNU time around it) must stop too, not run on as an orphan."""
+    script = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from gguftool.validate.runners import _wait_rss\n"
+        "def stop(*_): raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "d = Path(sys.argv[1])\n"
+        "try:\n"
+        "    _wait_rss(['sh', '-c', 'echo $$ > tool.pid; exec sleep 60'], {}, d, d / 'o', d / 'e', None)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    p = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
+    pid_file = tmp_path / "tool.pid"
+    t0 = time.monotonic()
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() - t0 < 30 and p.poll() is None, "the tool never started"
+        time.sleep(0.01)
+    tool = int(pid_file.read_text())
+    assert _alive(tool)
+    p.send_signal(sig)
+    assert p.wait(timeout=30) == 130
+    t0 = time.monotonic()
+    while _alive(tool) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    alive = _alive(tool)
+    if alive:
+        os.kill(tool, signal.SIGKILL)
+    assert not alive, "the tool outlived the interrupted gguftool"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
 from gguftool import types
 from gguftool.cli import main
@@ -114,6 +114,24 @@ def test_each_type_is_llama_quantize_bytes(native, tiny, tmp_path, tname):  # no
                  "--imatrix", str(imx)]) == 0
     counts = assert_same_tensors(ref, ours)
     assert counts[tname] >= 16, counts   # every matrix got the type (nothing fell back)
+
+
+@pytest.mark.native
+def test_nvfp4_refuses_values_its_scale_would_clip(native):  # noqa: F811
+    """NVFP4's UE4M3 scale saturates at 448 (values up to 6 x 448): ggml clips larger values without a word
+    (5e3 came back with 66% error). gguftool refuses the block, named, and keeps what fits exact to ggml."""
+    from gguftool.native import ggml_lib
+    from gguftool.quant import codec
+    rng = np.random.default_rng(40)
+    x = (rng.standard_normal((4, 128)) * 100).astype(np.float32)
+    x[0, :16] = 2688.0   # the largest it encodes
+    q = codec("NVFP4").quantize(x)
+    assert np.array_equal(ggml_lib.dequantize(GGMLQuantizationType.NVFP4, q, 128)[0, :16], x[0, :16])
+    x[3, 48:64] = np.linspace(-5e3, 3e3, 16)
+    with pytest.raises(GgufToolError) as e:
+        codec("NVFP4").quantize(x)
+    assert "cannot quantize to NVFP4: row 3, columns 48..63 hold values -5000..3000, beyond what its UE4M3 scale" \
+        in e.value.message, e.value.message
 
 
 @pytest.mark.native

@@ -100,13 +100,23 @@ def options(args, default_type: str | None = None):
     return opts, params, record, recipe
 
 
+TENSOR_TYPE_FILE_MAX = 16 * 2**20   # far above any real rule list (llama-quantize's are a few KiB)
+
+
 def tensor_type_file(args) -> list[str]:
     """llama-quantize's --tensor-type-file: REGEX=TYPE entries separated by white space."""
     path = getattr(args, "tensor_type_file", None)
     if path is None:
         return []
     try:
-        return path.read_text().split()
+        if path.exists() and not path.is_file():   # a FIFO or /dev/zero would be read without end
+            raise GgufToolError(f"{path}: the tensor type file is not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(TENSOR_TYPE_FILE_MAX + 1)
+        if len(data) > TENSOR_TYPE_FILE_MAX:
+            raise GgufToolError(f"{path}: the tensor type file is over {TENSOR_TYPE_FILE_MAX // 2**20} MiB",
+                                hint="it holds REGEX=TYPE lines; is this the right file?")
+        return data.decode().split()
     except (OSError, UnicodeDecodeError) as e:
         raise GgufToolError(f"{path}: cannot read the tensor type file: {getattr(e, 'strerror', None) or e}") from None
 

@@ -32,21 +32,21 @@ class BlockRangeError(GgufToolError):
     saturated or as zeros. `row` counts from the first row given to the codec; the pipeline, which
     knows where that row sits in the tensor, shifts it with at()."""
 
-    def __init__(self, name: str, row: int, col: int, block: int, lo: float, hi: float):
-        self.name, self.row, self.col, self.block, self.lo, self.hi = name, row, col, block, lo, hi
+    def __init__(self, name: str, row: int, col: int, block: int, lo: float, hi: float, scale: str = "fp16 scale"):
+        self.name, self.row, self.col, self.block, self.lo, self.hi, self.scale = name, row, col, block, lo, hi, scale
         super().__init__(f"cannot quantize to {name}: row {row}, columns {col}..{col + block - 1} hold values "
-                         f"{lo:.6g}..{hi:.6g}, beyond what its fp16 scale can encode",
+                         f"{lo:.6g}..{hi:.6g}, beyond what its {scale} can encode",
                          hint="keep this tensor in BF16 or F32 (--tensor-type 'NAME=BF16'); the weights may be broken")
 
     def at(self, offset: int) -> BlockRangeError:
-        return BlockRangeError(self.name, self.row + offset, self.col, self.block, self.lo, self.hi)
+        return BlockRangeError(self.name, self.row + offset, self.col, self.block, self.lo, self.hi, self.scale)
 
 
-def range_error(name: str, x: np.ndarray, flat_block: int, block: int) -> BlockRangeError:
+def range_error(name: str, x: np.ndarray, flat_block: int, block: int, scale: str = "fp16 scale") -> BlockRangeError:
     """The error for block `flat_block` (counted over all rows) of the float rows x."""
     row, b = divmod(flat_block, x.shape[1] // block)
     v = x[row, b * block:(b + 1) * block]
-    return BlockRangeError(name, row, b * block, block, float(v.min()), float(v.max()))
+    return BlockRangeError(name, row, b * block, block, float(v.min()), float(v.max()), scale)
 
 
 def first_marked_block(out: np.ndarray, block_bytes: int) -> int:

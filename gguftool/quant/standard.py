@@ -30,9 +30,19 @@ def _ggml_available() -> bool:
     return True
 
 
+# scales that saturate instead of overflowing, so ggml clips what is beyond them with no error (llama-quantize
+# writes such files): values per scale, the largest magnitude it encodes, its name
+_SATURATING = {"NVFP4": (16, 6.0 * 448.0, "UE4M3 scale (at most 6 x 448)")}
+
+
 def _ggml(t: GGMLQuantizationType, x: np.ndarray, threads: int, imatrix: np.ndarray | None) -> np.ndarray:
     from ..native import ggml_lib
     tt = types.stock(t.name)
+    if t.name in _SATURATING:
+        sub, top, scale = _SATURATING[t.name]
+        over = np.flatnonzero(np.abs(x).reshape(-1, sub).max(axis=1) > top)
+        if over.size:
+            raise range_error(t.name, x, int(over[0]), sub, scale)
     q = map_rows(lambda rows: ggml_lib.quantize(t, rows, x.shape[1] // tt.block_size * tt.type_size, imatrix), x, threads)
     if not ggml_lib.validate(t, q):   # llama-quantize refuses such rows too (inf/NaN scales beyond fp16)
         blocks = q.reshape(-1, tt.type_size)

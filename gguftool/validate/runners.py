@@ -85,11 +85,19 @@ def _wait_rss(argv: list[str], env: dict, cwd: Path, out: Path, err: Path, timeo
         if timeout:
             timer = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL))
             timer.start()
+        reaped = False
         try:
             _, status, ru = os.wait4(p.pid, 0)
+            reaped = True
         finally:
             if timer:
                 timer.cancel()
+            if not reaped:   # interrupted (Ctrl-C, SIGTERM, SIGHUP): the tool has a session of its own, stop it too
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    os.waitpid(p.pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
         p.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
     if timed:
         try:
