@@ -106,6 +106,18 @@ def test_interrupted_run_fetches_only_what_is_missing(hub, checkpoint_files, tmp
     assert GGUFFile(out).tensor("blk.0.ffn_up.weight").type.name == "F16"
 
 
+@pytest.mark.parametrize("args,match", [
+    (["--type", "Q4_KX"], "unknown quantization type 'Q4_KX' (did you mean Q4_K?)"),
+    (["--recipe", "no-such-recipe"], "no-such-recipe"),
+    (["--tensor-type", "ffn_up=Q9_9"], "Q9_9"),
+])
+def test_a_bad_target_is_refused_before_anything_downloads(hub, checkpoint_files, tmp_path, capsys, args, match):
+    hub.add(REPO, checkpoint_files)
+    assert _hub(REPO, *args, "-o", tmp_path / "o.gguf") == 1
+    assert match in capsys.readouterr().err
+    assert hub.requests("GET", "/model.safetensors") == [] and hub.requests("GET", "/config.json") == []
+
+
 def test_index_naming_a_missing_shard_is_a_clear_error(hub, tmp_path, rng):
     files = _files(tiny_checkpoint(tmp_path / "src", rng, shards=2))
     del files["model-00002-of-00002.safetensors"]

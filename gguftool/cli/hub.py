@@ -45,10 +45,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _check_before_download(args) -> None:
+    """A mistyped TYPE or a broken recipe is an error now, not after a download of gigabytes."""
+    from ..pipeline import llama_mix
+    from ..quant import codec
+    from .planning import options
+    options(args, default_type=DEFAULT_TYPE)   # the recipe, --tensor-type rules, --tensor-type-file
+    if args.type and not llama_mix.ftype(args.type):
+        codec(args.type)
+
+
 def run(args) -> int:
     label = (args.type or Path(args.recipe).stem).upper() if (args.type or args.recipe) else DEFAULT_TYPE
     out = args.output or Path(f"{args.repo_id.split('/')[-1]}-{label}.gguf")
     check_output_path(out, [])
+    _check_before_download(args)
     snap = hubio.fetch(args.repo_id, args.revision, gguf_pattern=args.gguf_pattern, token=args.token,
                        offline=True if args.offline else None, deadline=args.deadline,
                        attempts=args.attempts)
