@@ -113,6 +113,30 @@ def test_our_ids_do_not_collide_with_pinned_ggml(pinned_sdist):
 
 
 @pytest.mark.native
+def test_llama_quantize_keeps_every_upstream_type_and_adds_ours(pinned_sdist):
+    """llama-quantize's QUANT_OPTIONS after the integration: upstream's names in upstream's order (an anchored
+    edit must remove none) plus ours; and gguftool knows every upstream one as a target, save COPY and the
+    two that the installed gguf package cannot represent (docs/stock-types.md, Not yet)."""
+    from gguftool.pipeline import llama_mix
+    rel = "tools/quantize/quantize.cpp"
+    text = source.read_pristine([rel])[rel]
+    edited = text
+    for e in integrate.edits():
+        if e.path == rel:
+            edited = e.apply(edited)
+
+    def names(t: str) -> list[str]:
+        body = t[t.index("static const std::vector<quant_option> QUANT_OPTIONS = {"):]
+        return re.findall(r'^\s*\{\s*"(\w+)",', body[:body.index("};")], re.M)
+
+    upstream, ours = names(text), [t.name for t in gtypes.CUSTOM_TYPES]
+    assert len(upstream) >= 30
+    assert [n for n in names(edited) if n not in ours] == upstream
+    assert set(ours) <= set(names(edited))
+    missing = set(upstream) - set(llama_mix.FTYPES) - set(llama_mix.ALIASES) - {"COPY", "Q1_0", "Q2_0"}
+    assert not missing, missing
+
+
 def test_cache_type_list_keeps_upstreams_and_adds_ours(pinned_sdist):
     """--cache-type-k/-v accept upstream's list and then ours (an earlier edit dropped q5_1)."""
     rel = "common/arg.cpp"
