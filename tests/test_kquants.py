@@ -15,6 +15,7 @@ from gguftool.cli import main
 from gguftool.errors import GgufToolError
 from gguftool.io import imatrix as imatrix_io
 from gguftool.io.reader import GGUFFile
+from gguftool.pipeline import llama_mix
 
 from .conftest import write_gguf
 from .test_native import native  # noqa: F401  (fixture: the build, or a skip saying how to get it)
@@ -103,6 +104,9 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
     return model, d / "tiny.imatrix.gguf"
 
 
+_NEEDS_IMATRIX = set(llama_mix.NEEDS_IMATRIX)
+
+
 # every per-tensor type llama-quantize writes that only ggml's C code produces (NVFP4 has no file type)
 @pytest.mark.native
 @pytest.mark.parametrize("tname", [t for t in types.NATIVE_STOCK])
@@ -114,6 +118,33 @@ def test_each_type_is_llama_quantize_bytes(native, tiny, tmp_path, tname):  # no
                  "--imatrix", str(imx)]) == 0
     counts = assert_same_tensors(ref, ours)
     assert counts[tname] >= 16, counts   # every matrix got the type (nothing fell back)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("tname", [t for t in types.NATIVE_STOCK if t not in _NEEDS_IMATRIX])
+def test_each_type_without_an_imatrix_is_llama_quantize_bytes(native, tiny, tmp_path, tname):  # noqa: F811
+    """ggml takes another code path without importance weights (Q2_K, Q3_K, the IQ types' own searches)."""
+    model, _ = tiny
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    llama_quantize(native, "--pure", "--tensor-type", f"weight={tname.lower()}", model, ref, "Q8_0")
+    assert main(["quantize", str(model), str(ours), "Q8_0", "--pure", "--tensor-type", f"weight={tname}"]) == 0
+    counts = assert_same_tensors(ref, ours)
+    assert counts[tname] >= 16, counts
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("ftype", [f for f in llama_mix.FTYPES if f not in ("F32", "F16", "BF16")])
+def test_every_file_type_is_llama_quantize_bytes(native, tiny, tmp_path, ftype):  # noqa: F811
+    """Each of llama-quantize's file types on a float model whose 256-wide rows take every K and IQ type:
+    its mix rules (attn_v / ffn_down bumps, the output and embedding types) and its bytes, with the
+    importance matrix the IQ mixes need."""
+    model, imx = tiny
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    llama_quantize(native, "--imatrix", imx, model, ref, ftype)
+    assert main(["quantize", str(model), str(ours), ftype, "--imatrix", str(imx)]) == 0
+    counts = assert_same_tensors(ref, ours)
+    assert sum(counts.values()) >= 16, counts
+    assert GGUFFile(ours).get("general.file_type") == GGUFFile(ref).get("general.file_type")
 
 
 @pytest.mark.native
