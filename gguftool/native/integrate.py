@@ -336,8 +336,9 @@ template <int NG> struct gqt_fa_mad_heads {
 // all the group's queries at once in Q8_0 (gqt_vec_dot_*_heads: each block decoded once, four heads per
 // accumulator; at Gemma 3's 4 heads of 256 the op took 0.82x the time of decoding the row to floats, 0.85x at
 // SmolLM2's 3 of 64); a TQ3_1/TQ3_2 K row is decoded (table look-up) and dotted with each head's exact f32
-// query; other K types keep their own vec_dot with the query in their dot type, quantized once per call
-// (their decode is scalar C and costs more than the dots: q5_0 and iq4_nl keys ran 1.3x slower decoded).
+// query; Q4_0/Q5_0/Q8_0/IQ4_NL K rows become int8 levels once and take the same grouped Q8_0 dot
+// (gqt_kv_dot.h: 0.90x the op's time at Gemma 3's shape); other K types keep their own vec_dot with the
+// query in their dot type, quantized once per call (decoded to floats, q5_0 and iq4_nl keys ran 1.3x slower).
 // false: not this case, the caller runs upstream's code.
 static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor * dst, int64_t ic0, int64_t ic1,
                            float * partials, int64_t partial_stride) {
