@@ -81,8 +81,6 @@ class CustomType(TensorType):
     kv_cache: bool = True         # accepted by --cache-type-k/-v
     table_decode: bool = False    # rows decode by table look-up (gqt_mad_<name> exists): flash attention adds
                                   # V rows straight from the blocks and decode converts K rows once per KV head
-    dot_heads: bool = False       # gqt_vec_dot_<name>_<vec_dot_type>_heads exists: decode dots a K row with all
-                                  # the query heads of its KV head, decoding each block once (instead of to floats)
     custom: ClassVar[bool] = True
 
 
@@ -108,8 +106,7 @@ CUSTOM_TYPES: tuple[CustomType, ...] = (
                "fp16 scale, 8 B of trellis branch bits, 16 B of 2-bit indices (byte j: values j, j+16, j+32, j+48); "
                "x = d * L[subset + 4 idx], the subset from the branch bits of the value and the 3 before it "
                "(an 8-state trellis code over 16 levels, 3 bits per value)",
-               family="tcq3", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1", table_decode=True,
-               dot_heads=True),
+               family="tcq3", code_bits=3, fp16_fields=1, vec_dot_type="Q8_0", fallback="TQ3_1", table_decode=True),
 )
 RETIRED: tuple[CustomType, ...] = ()  # never reuse these ids
 

@@ -1,7 +1,7 @@
-"""Decode's grouped K dots for stock cache blocks (gguftool/_fast/gqt_kv_dot.c): built by every toolchain
-installed (x86 native and baseline, clang, arm64 under qemu), the levels of random Q4_0 / Q5_0 / Q8_0 / IQ4_NL
-blocks against gguf-py's own dequantization, and the dots with every head against numpy's float32 of the
-same sums, bit for bit."""
+"""Decode's grouped K dots (gguftool/_fast/gqt_kv_dot.c): built by every toolchain installed (x86 native and
+baseline, clang, arm64 under qemu), the levels of random Q4_0 / Q5_0 / Q8_0 / IQ4_NL blocks against gguf-py's
+own dequantization and of TQ3_3 blocks against its numpy twin, and the dots with every head against numpy's
+float32 of the same sums, bit for bit."""
 import subprocess
 
 import numpy as np
@@ -9,10 +9,12 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
+from gguftool.quant import tcq3
+
 from .test_tq3 import _TOOLCHAINS, build_harness
 
-# gqt_kv_dot.h's kinds, in enum order, with ggml's block bytes
-KINDS = [(T.Q4_0, 18), (T.Q5_0, 22), (T.Q8_0, 34), (T.IQ4_NL, 18)]
+# gqt_kv_dot.h's kinds, in enum order, with the block bytes per 32 values
+KINDS = [(T.Q4_0, 18), (T.Q5_0, 22), (T.Q8_0, 34), (T.IQ4_NL, 18), ("TQ3_3", 13)]
 
 HARNESS = r"""
 #include <stdio.h>
@@ -48,17 +50,23 @@ int main(int argc, char ** argv) {
 
 
 def _blocks(rng, rows, n, bb):
-    """random block bytes with finite scales of both signs and a zero-scale row"""
-    b = rng.integers(0, 256, (rows, n // 32, bb), dtype=np.uint8)
-    d = (rng.uniform(0.01, 2, (rows, n // 32)) * rng.choice([-1, 1], (rows, n // 32))).astype(np.float16)
+    """random blocks of bb bytes per 32 values (TQ3_3: 26 per 64) with finite scales of both signs and a
+    zero-scale row"""
+    size, nb = (26, n // 64) if bb == 13 else (bb, n // 32)
+    b = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+    d = (rng.uniform(0.01, 2, (rows, nb)) * rng.choice([-1, 1], (rows, nb))).astype(np.float16)
     d[1] = 0
-    b[:, :, :2] = d.view(np.uint8).reshape(rows, n // 32, 2)
+    b[:, :, :2] = d.view(np.uint8).reshape(rows, nb, 2)
     return b.reshape(rows, -1)
+
+
+def _values(k, qtype):
+    return tcq3.dequantize_ref(k) if qtype == "TQ3_3" else quants.dequantize(k, qtype)
 
 
 @pytest.mark.parametrize("toolchain", list(_TOOLCHAINS))
 def test_levels_and_grouped_dots(tmp_path, toolchain):
-    runner, exe = build_harness(tmp_path, toolchain, HARNESS, "gqt_kv_dot.c")
+    runner, exe = build_harness(tmp_path, toolchain, HARNESS, "gqt_kv_dot.c", "gqt_tcq3.c")
     rng = np.random.default_rng(21)
     rows, n = 6, 256
     for kind, (qtype, bb) in enumerate(KINDS):
@@ -73,8 +81,8 @@ def test_levels_and_grouped_dots(tmp_path, toolchain):
             d = np.frombuffer(out[rows * n:rows * n + 4 * rows * n // 32], np.float32).reshape(rows, n // 32)
             s = np.frombuffer(out[rows * n + 4 * rows * n // 32:], np.float32).reshape(rows, g)
             # the levels times their scales are gguf-py's values of the blocks
-            want = quants.dequantize(k, qtype).reshape(rows, n // 32, 32).astype(np.float64)
-            assert np.array_equal(d[:, :, None] * lv.reshape(rows, n // 32, 32), want), (toolchain, qtype.name)
+            want = _values(k, qtype).reshape(rows, n // 32, 32).astype(np.float64)
+            assert np.array_equal(d[:, :, None] * lv.reshape(rows, n // 32, 32), want), (toolchain, qtype)
             # each head: sum over blocks of (d * yd) * isum in float32, in block order
             yb = y8.reshape(g, n // 32, 34)
             yd = yb[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -84,5 +92,5 @@ def test_levels_and_grouped_dots(tmp_path, toolchain):
             ref = np.zeros((rows, g), np.float32)
             for j in range(n // 32):
                 ref = ref + terms[:, :, j]
-            assert s.tobytes() == ref.tobytes(), (toolchain, qtype.name, g)
+            assert s.tobytes() == ref.tobytes(), (toolchain, qtype, g)
             assert not s[1].any()

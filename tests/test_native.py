@@ -156,7 +156,7 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
     attention in double on the decoded cache. From 512 keys on, the build splits the unmasked keys over
     the threads and reads each quantized row once for the 3 query heads of its KV head; TQ3_1/TQ3_2 keys are
     then dotted with the exact f32 query instead of its Q8_0 rounding, so they agree with the double attention
-    to float rounding, while TQ3_3 keys (a grouped Q8_0 dot, types.py dot_heads) agree with the reference.
+    to float rounding, while TQ3_3 keys (int8 levels and a grouped Q8_0 dot, gqt_kv_dot.h) agree with the reference.
     GGUFTOOL_FA_GROUPED=0 keeps the split and upstream's per-head reads."""
     d = max([64] + [gtypes.BY_NAME[t.upper()].block_size for t in (k, v) if t.upper() in gtypes.BY_NAME])
     args = ["fa", k, v, str(d), str(n_kv), "9", "3", "2", "1", *([str(window)] if window else [])]
@@ -164,7 +164,7 @@ def test_decode_flash_attention_agrees(native, k, v, n_kv, window):
     if n_kv >= 512 and k != "f16":
         runs["per-head"] = check(native, *args, env={"GGUFTOOL_FA_GROUPED": "0"})
     kt = gtypes.BY_NAME.get(k.upper())
-    exact_q = n_kv >= 512 and kt is not None and kt.table_decode and not kt.dot_heads
+    exact_q = n_kv >= 512 and kt is not None and kt.table_decode and kt.name != "TQ3_3"
     for how, out in runs.items():
         got = {key: float(val) for key, val in (kv.split("=") for kv in out.split())}
         if how == "grouped" and exact_q:

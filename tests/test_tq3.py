@@ -405,9 +405,9 @@ def test_native_flags_give_the_same_results(tmp_path, toolchain):
                   tq3.dequantize_tq3_ref, tq3.vec_dot_tq3_q8_0_ref)
 
 
-def build_harness(tmp_path, toolchain: str, harness: str, c_file: str) -> tuple[list[str], Path]:
-    """Compile `harness` with gguftool/_fast/`c_file` by `toolchain` (skip where it is not installed):
-    the command prefix that runs it (qemu for arm64) and the executable."""
+def build_harness(tmp_path, toolchain: str, harness: str, c_file: str, *more: str) -> tuple[list[str], Path]:
+    """Compile `harness` with gguftool/_fast/`c_file` (and `more` of them) by `toolchain` (skip where it is
+    not installed): the command prefix that runs it (qemu for arm64) and the executable."""
     cc, runner = _TOOLCHAINS[toolchain]
     missing = [t for t in (cc[0], *runner[:1]) if shutil.which(t) is None]
     if missing:
@@ -416,7 +416,7 @@ def build_harness(tmp_path, toolchain: str, harness: str, c_file: str) -> tuple[
     src.write_text(harness)
     exe = tmp_path / "h"
     fast = ROOT / "gguftool" / "_fast"
-    r = subprocess.run([*cc, f"-I{fast}", str(src), str(fast / c_file), "-lm", "-o", str(exe)],
+    r = subprocess.run([*cc, f"-I{fast}", str(src), *(str(fast / f) for f in (c_file, *more)), "-lm", "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return runner, exe

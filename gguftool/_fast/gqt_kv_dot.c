@@ -9,6 +9,7 @@
 #endif
 
 #include "gqt_kv_dot.h"
+#include "gqt_tcq3.h"
 
 #include <string.h>
 
@@ -174,6 +175,10 @@ static void dot_heads_neon(int64_t n, const int8_t * lv, const float * d, const 
 #endif
 
 void gqt_kv_levels(int kind, const void * row, int64_t n, int8_t * lv, float * d) {
+    if (kind == GQT_KV_DOT_TQ3_3) {   /* its own (SIMD) level decode, gqt_tcq3.c */
+        gqt_tq3_3_row_levels(row, n, lv, d);
+        return;
+    }
 #if GQT_X86_AVX2
     if (gqt_have_avx2()) { levels_avx2(kind, row, n / 32, lv, d); return; }
 #endif

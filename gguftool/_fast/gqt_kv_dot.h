@@ -1,9 +1,10 @@
-/* Decode's grouped K dots for the stock cache types whose blocks are an integer per value times one scale per
- * 32 (Q4_0, Q5_0, Q8_0, IQ4_NL): flash attention's decode (integrate.py, gqt_fa_grouped) turns a K row into
+/* Decode's grouped K dots for the cache types whose blocks are an integer per value times one scale per 32
+ * or 64 (Q4_0, Q5_0, Q8_0, IQ4_NL, gguftool's TQ3_3): flash attention's decode (integrate.py, gqt_fa_grouped) turns a K row into
  * int8 levels once, then dots them with every query head of its KV head in Q8_0, four heads per accumulator,
  * where ggml's vec_dot reads and unpacks the row once per head. The integer sums are exact; each head's float
  * arithmetic is sum over blocks j of (d_j * yd_j) * isum_j, in block order (ggml's vec_dot sums the same
- * terms in another order). Block layouts: ggml-common.h (block_q4_0, block_q5_0, block_q8_0, block_iq4_nl). */
+ * terms in another order; TQ3_3's the same ones in the same order). Block layouts: ggml-common.h (block_q4_0,
+ * block_q5_0, block_q8_0, block_iq4_nl), gqt_tcq3.h. */
 #pragma once
 #include "gqt_common.h"
 
@@ -11,9 +12,10 @@
 extern "C" {
 #endif
 
-enum { GQT_KV_DOT_Q4_0, GQT_KV_DOT_Q5_0, GQT_KV_DOT_Q8_0, GQT_KV_DOT_IQ4_NL };
+enum { GQT_KV_DOT_Q4_0, GQT_KV_DOT_Q5_0, GQT_KV_DOT_Q8_0, GQT_KV_DOT_IQ4_NL, GQT_KV_DOT_TQ3_3 };
 
-/* the n (a multiple of 32) int8 levels of one row of type `kind`, and its n / 32 block scales as floats */
+/* the n (a multiple of 32; of 64 for TQ3_3) int8 levels of one row of type `kind`, and a scale per 32 as
+ * floats (TQ3_3's per 64 given for both halves) */
 void gqt_kv_levels(int kind, const void * row, int64_t n, int8_t * lv, float * d);
 
 /* s[g * s_stride] = sum_j (d[j] * yd[j * G4 + g]) * <lv[32 j ..], y_g's block j>, g < G: y_g = the Q8_0 row at

@@ -289,43 +289,6 @@ static GQT_AVX2_FN void vec_dot_avx2(int n, float * s, const gqt_block_tq3_3 * x
     }
     *s = sumf;
 }
-
-/* vec_dot_avx2 against G query rows at once, four heads in the lanes of one accumulator: each block's levels
- * are decoded once, the 8 integer dots of 4 heads x 2 groups reduced together (exact, in any order), and
- * every lane's float arithmetic is vec_dot_avx2's, so each row gets its bits. Rows past G repeat the last. */
-static GQT_AVX2_FN void vec_dot_heads_avx2(int n, const gqt_block_tq3_3 * x, const char * y, size_t y_stride,
-                                           const float * yd, int G, float * s, int s_stride) {
-    const int G4 = (G + 3) & ~3;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int g0 = 0; g0 < G; g0 += 4) {
-        const gqt_block_q8_0 * yr[4];
-        for (int i = 0; i < 4; ++i) yr[i] = (const gqt_block_q8_0 *) (y + (size_t) (g0 + i < G ? g0 + i : G - 1) * y_stride);
-        __m128 acc = _mm_setzero_ps();
-        for (int b = 0; b < n / QK; ++b) {
-            const float dx = gqt_fp16_to_fp32(x[b].d);
-            if (dx == 0.0f) continue;
-            __m256i l[2];
-            levels_avx2(&x[b], &l[0], &l[1]);
-            const __m128 dxv = _mm_set1_ps(dx);
-            for (int k = 0; k < 2; ++k) {
-                const __m256i a = _mm256_sign_epi8(l[k], l[k]);
-                __m256i p[4];
-                for (int i = 0; i < 4; ++i) {
-                    const __m256i q = _mm256_loadu_si256((const __m256i *) yr[i][2 * b + k].qs);
-                    p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(q, l[k])), ones);
-                }
-                /* lanes 0-3: head i's sum of 4 of its 8 int32, lanes 4-7 the other 4 */
-                const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-                const __m128 scale = _mm_mul_ps(dxv, _mm_loadu_ps(yd + (size_t) (2 * b + k) * G4 + g0));
-                acc = _mm_add_ps(acc, _mm_mul_ps(scale, _mm_cvtepi32_ps(t)));
-            }
-        }
-        float out[4];
-        _mm_storeu_ps(out, acc);
-        for (int i = 0; i < 4 && g0 + i < G; ++i) s[(g0 + i) * s_stride] = out[i];
-    }
-}
 #endif
 
 /* ---------------------------------------------------------------- arm64 NEON (same bits) */
@@ -353,55 +316,25 @@ static void levels_of_neon(const gqt_block_tq3_3 * b, int8_t * lv) {
     for (int m = 0; m < 4; ++m) vst1q_s8(lv + 16 * m, levels16_neon(s0, s1, qs, m));
 }
 
-/* <l, q> over one 32-value group: l0, l1 its two 16-level halves */
-static inline int32_t dot32_neon(int8x16_t l0, int8x16_t l1, const gqt_block_q8_0 * y) {
-    const int8x16_t q0 = vld1q_s8(y->qs), q1 = vld1q_s8(y->qs + 16);
-    int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(l0), vget_low_s8(q0)));
-    acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l0), vget_high_s8(q0)));
-    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(l1), vget_low_s8(q1)));
-    acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l1), vget_high_s8(q1)));
-    return vaddvq_s32(acc);
-}
-
-static inline void levels64_neon(const gqt_block_tq3_3 * b, int8x16_t * l) {
-    uint64_t s0, s1;
-    subset_words(b, &s0, &s1);
-    const uint8x16_t qs = vld1q_u8(b->qs);
-    for (int m = 0; m < 4; ++m) l[m] = levels16_neon(s0, s1, qs, m);
-}
-
 static void vec_dot_neon(int n, float * s, const gqt_block_tq3_3 * x, const gqt_block_q8_0 * y) {
     float sumf = 0.0f;
     for (int b = 0; b < n / QK; ++b) {
         const float dx = gqt_fp16_to_fp32(x[b].d);
         if (dx == 0.0f) continue;
-        int8x16_t l[4];
-        levels64_neon(&x[b], l);
+        uint64_t s0, s1;
+        subset_words(&x[b], &s0, &s1);
+        const uint8x16_t qs = vld1q_u8(x[b].qs);
         for (int g = 0; g < 2; ++g) {
-            sumf += (dx * gqt_fp16_to_fp32(y[2 * b + g].d)) * (float) dot32_neon(l[2 * g], l[2 * g + 1], &y[2 * b + g]);
+            const int8x16_t l0 = levels16_neon(s0, s1, qs, 2 * g), l1 = levels16_neon(s0, s1, qs, 2 * g + 1);
+            const int8x16_t q0 = vld1q_s8(y[2 * b + g].qs), q1 = vld1q_s8(y[2 * b + g].qs + 16);
+            int32x4_t acc = vpaddlq_s16(vmull_s8(vget_low_s8(l0), vget_low_s8(q0)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l0), vget_high_s8(q0)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(l1), vget_low_s8(q1)));
+            acc = vpadalq_s16(acc, vmull_s8(vget_high_s8(l1), vget_high_s8(q1)));
+            sumf += (dx * gqt_fp16_to_fp32(y[2 * b + g].d)) * (float) vaddvq_s32(acc);
         }
     }
     *s = sumf;
-}
-
-static void vec_dot_heads_neon(int n, const gqt_block_tq3_3 * x, const char * y, size_t y_stride,
-                               const float * yd, int G, float * s, int s_stride) {
-    const int G4 = (G + 3) & ~3;
-    for (int h = 0; h < G; ++h) s[h * s_stride] = 0.0f;
-    for (int b = 0; b < n / QK; ++b) {
-        const float dx = gqt_fp16_to_fp32(x[b].d);
-        if (dx == 0.0f) continue;
-        int8x16_t l[4];
-        levels64_neon(&x[b], l);
-        for (int h = 0; h < G; ++h) {
-            const gqt_block_q8_0 * yh = (const gqt_block_q8_0 *) (y + h * y_stride) + 2 * b;
-            float sumf = s[h * s_stride];
-            for (int g = 0; g < 2; ++g) {
-                sumf += (dx * yd[(size_t) (2 * b + g) * G4 + h]) * (float) dot32_neon(l[2 * g], l[2 * g + 1], &yh[g]);
-            }
-            s[h * s_stride] = sumf;
-        }
-    }
 }
 #endif
 
@@ -412,6 +345,26 @@ void gqt_tq3_3_levels_of(const void * block, int8_t * lv) {
     levels_of_neon((const gqt_block_tq3_3 *) block, lv); return;
 #endif
     levels_scalar((const gqt_block_tq3_3 *) block, lv);
+}
+
+#if GQT_X86_AVX2
+static GQT_AVX2_FN void row_levels_avx2(const gqt_block_tq3_3 * x, int64_t nb, int8_t * lv, float * d) {
+    for (int64_t b = 0; b < nb; ++b) {
+        levels_of_avx2(&x[b], lv + QK * b);
+        d[2 * b] = d[2 * b + 1] = gqt_fp16_to_fp32(x[b].d);
+    }
+}
+#endif
+
+void gqt_tq3_3_row_levels(const void * row, int64_t k, int8_t * lv, float * d) {
+    const gqt_block_tq3_3 * x = (const gqt_block_tq3_3 *) row;
+#if GQT_X86_AVX2
+    if (gqt_have_avx2()) { row_levels_avx2(x, k / QK, lv, d); return; }
+#endif
+    for (int64_t b = 0; b < k / QK; ++b) {
+        gqt_tq3_3_levels_of(&x[b], lv + QK * b);
+        d[2 * b] = d[2 * b + 1] = gqt_fp16_to_fp32(x[b].d);
+    }
 }
 
 void gqt_dequantize_row_tq3_3(const void * vx, float * y, int64_t k) {
@@ -469,20 +422,6 @@ void gqt_vec_dot_tq3_3_q8_0(int n, float * s, size_t bs, const void * vx, size_t
     vec_dot_neon(n, s, (const gqt_block_tq3_3 *) vx, (const gqt_block_q8_0 *) vy); return;
 #endif
     vec_dot_levels(n, s, (const gqt_block_tq3_3 *) vx, (const gqt_block_q8_0 *) vy, levels_any);
-}
-
-void gqt_vec_dot_tq3_3_q8_0_heads(int n, const void * vx, const void * vy, size_t y_stride, const float * yd, int G,
-                                  float * s, int s_stride) {
-    const gqt_block_tq3_3 * x = (const gqt_block_tq3_3 *) vx;
-#if GQT_X86_AVX2
-    if (gqt_have_avx2()) { vec_dot_heads_avx2(n, x, (const char *) vy, y_stride, yd, G, s, s_stride); return; }
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-    vec_dot_heads_neon(n, x, (const char *) vy, y_stride, yd, G, s, s_stride); return;
-#endif
-    (void) yd;
-    for (int g = 0; g < G; ++g) {
-        vec_dot_levels(n, s + g * s_stride, x, (const gqt_block_q8_0 *) ((const char *) vy + g * y_stride), levels_any);
-    }
 }
 
 void gqt_vec_dot_tq3_3_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc) {

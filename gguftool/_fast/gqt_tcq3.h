@@ -49,16 +49,12 @@ void   gqt_dequantize_row_tq3_3(const void * x, float * y, int64_t k);
 size_t gqt_quantize_tq3_3(const float * src, void * dst, int64_t nrows, int64_t n_per_row, const float * imatrix); /* imatrix ignored */
 void   gqt_vec_dot_tq3_3_q8_0(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
 void   gqt_vec_dot_tq3_3_q8_0_ref(int n, float * s, size_t bs, const void * vx, size_t bx, const void * vy, size_t by, int nrc);
-/* s[g * s_stride] = the vec_dot of x with the Q8_0 row vy + g * y_stride, g < G, bit for bit, each block's
- * levels decoded once for all G rows: flash attention's decode dots a K row with the query heads sharing it.
- * yd[j * G4 + g], G4 = G rounded up to a multiple of 4 (the rest 0): the float of row g's block j scale,
- * converted once by the caller, not once per K row. */
-void   gqt_vec_dot_tq3_3_q8_0_heads(int n, const void * x, const void * vy, size_t y_stride, const float * yd, int G,
-                                    float * s, int s_stride);
 /* acc[j] = acc[j] + (s * d) * level_j: flash attention's V accumulation, float32 in that order, no FMA */
 void   gqt_mad_tq3_3(int64_t k, float * acc, const void * x, float s);
 /* the 64 int8 levels of one block, value i in lv[i] (what every decode path reads) */
 void   gqt_tq3_3_levels_of(const void * block, int8_t * lv);
+/* the k levels of a row and its scales per 32 values (each block's for both halves): decode's grouped K dot */
+void   gqt_tq3_3_row_levels(const void * row, int64_t k, int8_t * lv, float * d);
 
 /* Checked entry point for gguftool: GQT_ERR_SHAPE if n_per_row % 64, GQT_ERR_NONFINITE if any input is
  * NaN/Inf (nothing written), GQT_ERR_RANGE if a block's scale is beyond fp16 (that block gets a NaN scale). */

@@ -332,14 +332,13 @@ template <int NG> struct gqt_fa_mad_heads {
 // gguftool: decode with grouped-query attention reads each quantized K and V row once for all the query heads
 // that share it, where upstream's chunk code reads it once per head. The keys go in tiles: the tile's V rows
 // are decoded (to_float), its scores turned into weights by one vectorized exp per head, and the weighted rows
-// added to every head's accumulator with the accumulators held in registers. A TQ3_3 K row is dotted with
-// all the group's queries at once in Q8_0 (gqt_vec_dot_*_heads: each block decoded once, four heads per
-// accumulator; at Gemma 3's 4 heads of 256 the op took 0.82x the time of decoding the row to floats, 0.85x at
-// SmolLM2's 3 of 64); a TQ3_1/TQ3_2 K row is decoded (table look-up) and dotted with each head's exact f32
-// query; Q4_0/Q5_0/Q8_0/IQ4_NL K rows become int8 levels once and take the same grouped Q8_0 dot
-// (gqt_kv_dot.h: 0.90x the op's time at Gemma 3's shape); other K types keep their own vec_dot with the
-// query in their dot type, quantized once per call (decoded to floats, q5_0 and iq4_nl keys ran 1.3x slower).
-// false: not this case, the caller runs upstream's code.
+// added to every head's accumulator with the accumulators held in registers. A TQ3_3, Q4_0, Q5_0, Q8_0 or
+// IQ4_NL K row becomes int8 levels once and is dotted with all the group's queries at once in Q8_0
+// (gqt_kv_dot.h, four heads per accumulator; at Gemma 3's 4 heads of 256 the op took 0.82x the time of
+// decoding a TQ3_3 row to floats, 0.90x that of q5_0's and iq4_nl's vec_dot per head); a TQ3_1/TQ3_2 K row is
+// decoded (table look-up) and dotted with each head's exact f32 query; other K types keep their own vec_dot
+// with the query in their dot type, quantized once per call (decoded to floats, q5_0 and iq4_nl keys ran 1.3x
+// slower). false: not this case, the caller runs upstream's code.
 static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor * dst, int64_t ic0, int64_t ic1,
                            float * partials, int64_t partial_stride) {
     static const bool off = getenv("GGUFTOOL_FA_GROUPED") && atoi(getenv("GGUFTOOL_FA_GROUPED")) == 0;
@@ -364,15 +363,14 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
     const float m0 = powf(2.0f, -(max_bias       ) / n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / n_head_log2);
     const int64_t G = nh / nhk, G4 = (G + 3) & ~3;
-    // a K type with a grouped dot takes the query in its dot type, as upstream's chunk code and prefill do, and
-    // decodes each block once for the group's heads; other table-decoded K rows are decoded to floats
-    void (* const k_dot_heads)(int, const void *, const void *, size_t, const float *, int, float *, int) = @DOT_HEADS@;
-    const bool k_decode = !k_dot_heads && (@TABLE_DECODED@);
-    // a stock K type of an integer per value and a scale per 32 (gqt_kv_dot.h): each row turned into int8
-    // levels once and dotted with the group's Q8_0 queries, where its vec_dot unpacks it once per head
+    // a K type of an integer per value and a scale per block (gqt_kv_dot.h): each row turned into int8 levels
+    // once and dotted with the group's Q8_0 queries (as upstream's chunk code and prefill take the query), where
+    // its vec_dot unpacks it once per head; other table-decoded K rows are decoded to floats
     const int k_levels = ggml_get_type_traits_cpu(k->type)->vec_dot_type != GGML_TYPE_Q8_0 ? -1 :
         k->type == GGML_TYPE_Q4_0 ? GQT_KV_DOT_Q4_0 : k->type == GGML_TYPE_Q5_0 ? GQT_KV_DOT_Q5_0 :
-        k->type == GGML_TYPE_Q8_0 ? GQT_KV_DOT_Q8_0 : k->type == GGML_TYPE_IQ4_NL ? GQT_KV_DOT_IQ4_NL : -1;
+        k->type == GGML_TYPE_Q8_0 ? GQT_KV_DOT_Q8_0 : k->type == GGML_TYPE_IQ4_NL ? GQT_KV_DOT_IQ4_NL :
+        k->type == GGML_TYPE_TQ3_3 ? GQT_KV_DOT_TQ3_3 : -1;
+    const bool k_decode = k_levels < 0 && (@TABLE_DECODED@);
     const ggml_type k_dot_type = ggml_get_type_traits_cpu(k->type)->vec_dot_type;
     ggml_vec_dot_t const kq_vec_dot = ggml_get_type_traits_cpu(k->type)->vec_dot;
     const size_t q_row = ggml_row_size(k_dot_type, DK);
@@ -424,7 +422,7 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
                              qbuf.data() + g*DK);
             if (!k_decode) {
                 ggml_get_type_traits_cpu(k_dot_type)->from_float(qh[g], q_dot.data() + g*q_row, DK);
-                if (k_dot_heads || k_levels >= 0) {   // its Q8_0 scales as floats, once per call
+                if (k_levels >= 0) {   // its Q8_0 scales as floats, once per call
                     const gqt_block_q8_0 * yb = (const gqt_block_q8_0 *) (q_dot.data() + g*q_row);
                     for (int64_t j = 0; j < DK/32; ++j) {
                         q_d[j*G4 + g] = gqt_fp16_to_fp32(yb[j].d);
@@ -450,10 +448,6 @@ static bool gqt_fa_grouped(const ggml_compute_params * params, const ggml_tensor
                     k_to_float(k_base + cell[t]*k->nb[1], Kt + t*DK, DK);
                 }
                 gqt_fa_heads<gqt_fa_dot_heads>(G, DK, n, (const float *) Kt, (const float * const *) qh.data(), st, T);
-            } else if (k_dot_heads) {
-                for (int t = 0; t < n; ++t) {
-                    k_dot_heads(DK, k_base + cell[t]*k->nb[1], q_dot.data(), q_row, q_d.data(), G, st + t, T);
-                }
             } else if (k_levels >= 0) {
                 for (int t = 0; t < n; ++t) {
                     gqt_kv_levels(k_levels, k_base + cell[t]*k->nb[1], DK, k_lv.data(), k_d.data());
@@ -685,11 +679,7 @@ def edits() -> list[Edit]:
         # caches, whose keys cost more to read)
         Edit("ggml/src/ggml-cpu/ops.cpp", "static void ggml_compute_forward_flash_attn_ext_f16(\n",
              _FA_DECODE.replace("@TABLE_DECODED@", " || ".join(f"k->type == GGML_TYPE_{t.name}"
-                                                                for t in _table_decoded()))
-             .replace("@DOT_HEADS@", "".join(f"k->type == GGML_TYPE_{t.name} ? "
-                                             f"gqt_vec_dot_{t.ggml_name}_{t.vec_dot_type.lower()}_heads : "
-                                             for t in gtypes.CUSTOM_TYPES if t.dot_heads) + "NULL"),
-             where="before"),
+                                                                for t in _table_decoded())), where="before"),
         Edit("ggml/src/ggml-cpu/ops.cpp",
              "        const int64_t ic_start = ith * chunk_size;\n"
              "        const int64_t ic_end   = std::min(ic_start + chunk_size, nek1);\n",
