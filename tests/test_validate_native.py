@@ -171,3 +171,30 @@ def test_adb_sequence_on_fake_phone_matches_qemu(arm_bins, smollm2, tmp_path, mo
     again.prepare(["llama-perplexity", "llama-completion"])   # what the first run pushed (no bench)
     again.push(smollm2)
     assert all(p["skipped"] for p in again.pushed)
+
+
+def _validate_fails(local_bins, model: Path, text: Path, tmp_path) -> str:
+    r = subprocess.run([sys.executable, "-m", "gguftool", "validate", str(model), "--target", "local",
+                        "--bin-dir", str(local_bins), "--kv", "q8_0", "--text", str(text), "--ctx", str(CTX),
+                        "--chunks", "2", "--threads", THREADS, "--no-sample", "--no-bench", "--out", str(tmp_path / "rep")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    return r.stderr
+
+
+def test_a_failed_reference_run_is_blamed_on_what_its_log_says(local_bins, smollm2, tmp_path):
+    """The hint follows llama-perplexity's own words: a short text is blamed on the text, a model
+    llama.cpp cannot load on the model, never the one on the other's cause."""
+    short = tmp_path / "short.txt"
+    short.write_text("It is a truth universally acknowledged.\n")
+    err = _validate_fails(local_bins, smollm2, short, tmp_path)
+    assert "tokenizes to only" in err and "gave no result" in err   # llama-perplexity's own line, and it exits 0
+    assert "text is too short" in err and "could not load the model" not in err, err
+
+    import gguf   # a well-formed GGUF of an architecture llama.cpp does not know
+    odd = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(odd), "nonesuch")
+    w.add_tensor("token_embd.weight", __import__("numpy").zeros((8, 32), "float32"))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    err = _validate_fails(local_bins, odd, TEXT, tmp_path)
+    assert "could not load the model" in err and "too short" not in err, err

@@ -45,8 +45,34 @@ def _f(s: str) -> float:
 def error_lines(log: str, limit: int = 6) -> list[str]:
     """The lines a user needs when a run failed: llama.cpp's error / abort lines, else the tail."""
     keep = [l.strip() for l in log.splitlines()
-            if re.search(r"error|failed|abort|unsupported|GGML_ASSERT|Segmentation|not enough|too few", l, re.I)]
+            if re.search(r"error|failed|abort|unsupported|GGML_ASSERT|Segmentation|not enough|too few", l, re.I)
+            or re.match(r"\s*[0-9.]+ E ", l)]   # llama.cpp's timestamped log marks its error lines with E
     return (keep or [l.strip() for l in log.splitlines() if l.strip()])[-limit:]
+
+
+# (what the log says, what to do about it): first match wins, so the specific causes come first
+_HINTS = (
+    (r"you need at least \d+ tokens|tokenizes to only|there are only \d+ tokens, this is not enough",
+     "the text is too short for ctx x chunks: give a longer --text or lower --chunks/--ctx"),
+    (r"Unsupported cache type|unsupported .*type", "this llama.cpp build lacks that cache type: "
+     "rebuild ours with `gguftool native build`, or pick another --kv"),
+    (r"error loading model|failed to load model|unknown model architecture|invalid magic|tensor .* data is not within",
+     "llama.cpp could not load the model: check it with `gguftool inspect`"),
+    (r"failed to allocate|unable to allocate|out of memory|std::bad_alloc|cannot allocate memory",
+     "the run ran out of memory: lower --ctx or use a smaller K/V type"),
+)
+
+
+def failure_hint(log: str, rc: int) -> str:
+    """A hint that names the likely cause of a failed llama.cpp run, from its log and exit status."""
+    for pattern, hint in _HINTS:
+        if re.search(pattern, log, re.I):
+            return hint
+    if rc in (-9, 137):
+        return "the tool was killed (SIGKILL; on a phone or small box usually the out-of-memory killer): lower --ctx"
+    if rc < 0 or rc >= 128:
+        return f"the tool died of signal {-rc if rc < 0 else rc - 128}: rerun it by hand with the command in the log"
+    return "rerun it by hand with the command in the log to see its full output"
 
 
 def parse_ppl(log: str) -> dict | None:

@@ -185,7 +185,8 @@ def markdown(rec: dict, images: dict) -> str:
                  f"{_n(c['peak_rss_kib'] / 1024 if c.get('peak_rss_kib') else None, '{:.1f}')} |")
     fails = [c for c in rec["cells"] if c.get("failed")]
     for c in fails:
-        L.append(f"\n- K={c['k']} V={c['v']} failed: `{c.get('error', '')[:300]}`")
+        L.append(f"\n- K={c['k']} V={c['v']} failed: `{c.get('error', '')[:300]}`"
+                 + (f" ({c['hint']})" if c.get("hint") else ""))
     L.append("")
     if images.get("ppl_vs_bits"):
         L += [f"![perplexity vs bits per value]({images['ppl_vs_bits']})", ""]

@@ -92,7 +92,8 @@ class Validation:
 
     def _fail(self, what: str, res: RunResult) -> str:
         lines = metrics.error_lines(res.log)
-        return f"{what} exited {res.rc}: " + " | ".join(lines)
+        how = f"exited {res.rc}" if res.rc else "gave no result"   # llama-perplexity exits 0 on a too-short text
+        return f"{what} {how}: " + " | ".join(lines)
 
     # -- steps
     def setup(self) -> None:
@@ -124,7 +125,7 @@ class Validation:
         ppl = metrics.parse_ppl(res.log)
         if res.rc != 0 or ppl is None:
             raise GgufToolError(self._fail("the f16 reference perplexity run", res),
-                                "a text shorter than 2 x ctx x chunks tokens is a common cause: lower --chunks/--ctx")
+                                metrics.failure_hint(res.log, res.rc))
         if self.ref_model:   # another model's logits: its row is not a cell of the matrix
             return {"k": "f16", "v": "f16", "role": "reference-model", "model": str(self.ref_model), **ppl, "kld": 0.0,
                     "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
@@ -139,8 +140,8 @@ class Validation:
         out = {"k": k, "v": v, "role": role, "peak_rss_kib": res.peak_rss_kib, "command": res.command()}
         kld = metrics.parse_kld(res.log)
         if res.rc != 0 or kld is None:
-            out.update(failed=True, error=self._fail("llama-perplexity", res))
-            self.log(f"  K={k:<10} V={v:<10} FAILED: {out['error'][:200]}")
+            out.update(failed=True, error=self._fail("llama-perplexity", res), hint=metrics.failure_hint(res.log, res.rc))
+            self.log(f"  K={k:<10} V={v:<10} FAILED: {out['error'][:200]} (hint: {out['hint']})")
             return out
         out.update(kld)
         self.log(f"  K={k:<10} V={v:<10} PPL {kld['ppl']:9.4f}  KLD {kld['kld']:.5f}  top-1 same "
