@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from gguftool.errors import GgufToolError
@@ -191,10 +193,12 @@ def test_a_failed_reference_run_is_blamed_on_what_its_log_says(local_bins, smoll
     assert "tokenizes to only" in err and "gave no result" in err   # llama-perplexity's own line, and it exits 0
     assert "text is too short" in err and "could not load the model" not in err, err
 
-    import gguf   # a well-formed GGUF of an architecture llama.cpp does not know
-    odd = tmp_path / "odd.gguf"
+    odd = tmp_path / "odd.gguf"   # a well-formed GGUF of an architecture llama.cpp does not know
     w = gguf.GGUFWriter(str(odd), "nonesuch")
-    w.add_tensor("token_embd.weight", __import__("numpy").zeros((8, 32), "float32"))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     err = _validate_fails(local_bins, odd, TEXT, tmp_path)
     assert "could not load the model" in err and "too short" not in err, err
