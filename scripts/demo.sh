@@ -14,10 +14,14 @@ gguftool inspect "$OUT/smollm2-q4_hqq.gguf"
 gguftool kv-plan "$OUT/smollm2-q4_hqq.gguf" --memory 1GiB
 
 PPL=$(python3 -c "from gguftool.native.tools import tool; print(tool('llama-perplexity'))")
+fail=0
 for m in "$MODEL" "$OUT/smollm2-q4_hqq.gguf"; do
   for kv in "f16 f16" "q4_hqq tq3_0"; do
     set -- $kv
-    r=$("$PPL" -m "$m" -f "$TEXT" -c 256 -b 256 --chunks 8 -t 2 -fa on -ctk "$1" -ctv "$2" 2>&1 | grep -o 'Final estimate: PPL = [0-9.]*' || true)
+    log=$("$PPL" -m "$m" -f "$TEXT" -c 256 -b 256 --chunks 8 -t 2 -fa on -ctk "$1" -ctv "$2" 2>&1) || true
+    r=$(grep -o 'Final estimate: PPL = [0-9.]*' <<<"$log" || true)
     printf '%-28s K=%-7s V=%-7s %s\n' "$(basename "$m")" "$1" "$2" "${r:-FAILED}"
+    if [ -z "$r" ]; then fail=1; tail -n 5 <<<"$log" >&2; fi
   done
 done
+exit "$fail"   # a run without a perplexity fails the demo, so CI and users see it

@@ -322,6 +322,13 @@ def test_llama_cpp_loads_our_split_output(smollm2, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("The capital of France is") and len(r.stdout.strip()) > len("The capital of France is")
+    # --keep-split requantizes shard by shard: llama.cpp loads those shards too, and says the same
+    assert _quantize(paths[0], tmp_path / "kept.gguf", "Q8_0", "--allow-requantize", "--keep-split", "-t", "2") == 0
+    kept = _shards(tmp_path / "kept", 3)
+    assert {t.type.name for t in open_gguf(kept[0]).tensors if len(t.shape) == 2} == {"Q8_0"}
+    r2 = subprocess.run([*cmd[:2], str(kept[0]), *cmd[3:]], capture_output=True, text=True, timeout=300)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert r2.stdout.startswith("The capital of France is") and len(r2.stdout.strip()) > len("The capital of France is")
     paths[2].unlink()   # and it did read the other shards
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "sm-00003-of-00003.gguf" in r.stderr
