@@ -393,8 +393,26 @@ def test_unknown_type_hint_lists_only_writable_types(monkeypatch):
     assert set(listed) == {c.name for c in quant.all_codecs() if c.quantize is not None}
 
 
+@pytest.mark.parametrize("argv, wanted, listed", [
+    (["quantize", "{m}", "{o}", "Q4KM"], "unknown quantization type 'Q4KM' (did you mean Q4_K_M?)", "Q4_K_M"),
+    (["quantize", "{m}", "{o}", "q5km"], "(did you mean Q5_K_M?)", "Q4_HQQ"),
+    (["convert", "{d}", "{o}", "--outtype", "Q4_HQX"], "(did you mean Q4_HQQ?)", "IQ3_M"),
+    (["hub", "org/repo", "--type", "IQ3M", "-o", "{o}"], "(did you mean IQ3_M?)", "Q3_K_L"),
+    (["validate", "{m}", "--target", "lcoal", "--out", "{o}"], "unknown target 'lcoal' (did you mean local?)", "adb:SERIAL"),
+])
+def test_misspelt_values_get_did_you_mean(tmp_path, rng, capsys, argv, wanted, listed):
+    """A mistyped TYPE is matched against the types and llama-quantize's mixes, and the hint lists both."""
+    m = tiny_llama(tmp_path / "m.gguf", rng)
+    ck = tiny_checkpoint(tmp_path / "ck", rng)
+    assert main([a.format(m=m, d=ck, o=tmp_path / "o.gguf") for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert wanted in err and listed in err.split("hint:", 1)[1], err
+    assert not (tmp_path / "o.gguf").exists()
+
+
 @pytest.mark.parametrize("cmd", [["inspect"], ["quantize", "{d}", "{o}", TYPE], ["kv-plan", "{d}", "--memory", "1G"],
-                                 ["kv-calibrate", "{d}", "{o}"]], ids=lambda c: c[0])
+                                 ["kv-calibrate", "{d}", "{o}"], ["validate", "{d}", "--out", "{o}"],
+                                 ["imatrix", "{d}", "-o", "{o}"]], ids=lambda c: c[0])
 def test_a_directory_given_as_a_model_says_so(tmp_path, rng, capsys, cmd):
     ck = tiny_checkpoint(tmp_path / "ck", rng)
     argv = [a.format(d=ck, o=tmp_path / "o.gguf") for a in cmd] + ([str(ck)] if cmd == ["inspect"] else [])

@@ -55,10 +55,11 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     env.update(PATH=f"{installed}{os.pathsep}{env.get('PATH', '')}", GGUFTOOL_NO_PROGRESS="1")
     work = tmp_path / "work"
     work.mkdir()
-    seen = set()
+    seen, flags = set(), set()
 
     def gt(*args, **kw) -> str:
         seen.add(str(args[0]))
+        flags.update(str(a) for a in args if str(a).startswith("--"))
         return _run(["gguftool", *args], cwd=work, env={**env, **kw.pop("env", {})}, **kw)
 
     src = GGUFFile(smollm2)
@@ -78,6 +79,11 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     assert phone.get("gguftool.recipe.name") == "phone-small"
     assert phone.get("gguftool.kv_calib.blk.0.k_mean") is not None   # the recipe's [kv] calibrate = true
 
+    gt("quantize", smollm2, "split.gguf", "Q4_HQQ", "--allow-requantize", "--split-max-size", "40M")
+    shards = sorted(work.glob("split-*-of-*.gguf"))
+    assert [p.name for p in shards] == [f"split-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert len(json.loads(gt("inspect", shards[0], "--tensors", "--format", "json"))["tensors"]) == len(src.tensors)
+
     listed = gt("recipes", "list")
     assert {"phone-small", "max-compression", "quality", "stock-llamacpp"} <= set(re.findall(r"^(\S+)", listed, re.M))
     assert "[kv]" in gt("recipes", "show", "phone-small")
@@ -95,17 +101,18 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
            env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "0"})
     assert GGUFFile(work / "tiny.gguf").get("gguftool.source.repo") == "tests-org/tiny-llama"
 
-    plan = gt("kv-plan", smollm2, "--memory", "2GiB", "--ctx", "8192", "--kv", "q5_0/tq3_1", "--kv", "q4_0")
-    assert re.search(r"^q5_0/tq3_1\s+4\.50\s", plan, re.M)
+    plan = gt("kv-plan", smollm2, "--memory", "2GiB", "--ctx", "8192", "--kv", "q5_0/tq3_1", "--kv", "q4_0",
+              "--kv", "q5_0/tq3_3")
+    assert re.search(r"^q5_0/tq3_1\s+4\.50\s", plan, re.M) and re.search(r"^q5_0/tq3_3\s+4\.50\s", plan, re.M)
     # uncalibrated, only stock q4_0/q4_0 is measured; after kv-calibrate both are, and one is named
     assert "best measured pair at 8,192 tokens: q4_0/q4_0 (like q4_0)" in plan
     assert re.search(r"^after gguftool kv-calibrate: (q4_0/q4_0|q5_0/tq3_1) \(better than q4_0\)$", plan, re.M)
     gt("kv-calibrate", smollm2, "smol-kv.gguf", "--chunks", "2")
     cal = GGUFFile(work / "smol-kv.gguf")
     assert np.asarray(cal.get("gguftool.kv_calib.blk.29.k_scale")).shape == (192,)
-    said = gt("kv-calibrate", smollm2, "smol-kv-plan.gguf", "--k-layers", "tq3_2=auto:iq4_nl:40%", "--chunks", "2")
+    said = gt("kv-calibrate", smollm2, "smol-kv-plan.gguf", "--k-layers", "tq3_3=auto:iq4_nl:40%", "--chunks", "2")
     planned = GGUFFile(work / "smol-kv-plan.gguf")
-    assert planned.get("gguftool.kv_layers.k.for") == "tq3_2"
+    assert planned.get("gguftool.kv_layers.k.for") == "tq3_3"
     assert f"layers {planned.get('gguftool.kv_layers.k')}" in said
     rules = Shape.from_gguf(planned).k_plan.rules
     assert sum(hi - lo + 1 for lo, hi, t in rules if t == "iq4_nl") == 12   # 40% of the 30 layers
@@ -114,6 +121,12 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     assert "cache:" in gt("native", "info")
 
     gt("imatrix", smollm2, "-o", "smol.imatrix.gguf", "--chunks", "2", "--ctx", "128")
+    # a text of the user's own (here the excerpt backwards, so it cannot be the default text's start)
+    (work / "my.txt").write_text((REPO_ROOT / "tests" / "data" / "native_pride_excerpt.txt").read_text()[::-1])
+    gt("imatrix", smollm2, "-o", "mine.imatrix.gguf", "--text", "my.txt", "--chunks", "2", "--ctx", "128")
+    ours, default = GGUFFile(work / "mine.imatrix.gguf"), GGUFFile(work / "smol.imatrix.gguf")
+    name = next(t.name for t in default.tensors if t.name.endswith(".in_sum2"))
+    assert not np.array_equal(ours.tensor(name).data, default.tensor(name).data)   # another text, other sums
     gt("quantize", smollm2, "q4km.gguf", "Q4_K_M", "--allow-requantize", "--imatrix", "smol.imatrix.gguf")
     km = GGUFFile(work / "q4km.gguf")
     assert {"Q4_K", "Q6_K"} <= {t.type.name for t in km.tensors} and km.get("quantize.imatrix.entries_count") > 100
@@ -141,4 +154,12 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
         gt("validate", smollm2, "--target", "qemu-arm64", "--kv", "tq3_1", "--chunks", "1", "--ctx", "64",
            "--no-sample", "--no-bench", "--out", "qemu-out", timeout=3600)
         assert json.loads((work / "qemu-out" / "report.json").read_text())["ok"]
+        fake = {"PATH": f"{REPO_ROOT / 'tests' / 'fake_adb'}{os.pathsep}{env['PATH']}",
+                "FAKE_ADB_ROOT": str(tmp_path / "phone")}
+        gt("validate", smollm2, "--target", "adb", "--kv", "tq3_1", "--chunks", "1", "--ctx", "64",
+           "--no-sample", "--no-bench", "--out", "adb-out", timeout=3600, env=fake)
+        assert json.loads((work / "adb-out" / "report.json").read_text())["ok"]
     assert nouns <= seen, f"tour commands not exercised: {nouns - seen}"
+    # and every option the tour shows was given to some command above
+    shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", tour))
+    assert shown <= flags, f"tour options not exercised: {shown - flags}"

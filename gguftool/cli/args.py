@@ -2,16 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import re
 import sys
 
-
-def did_you_mean(word: str, candidates) -> str:
-    """' (did you mean X?)' for the closest candidate, or ''."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+from ..errors import did_you_mean
 
 
 class Parser(argparse.ArgumentParser):

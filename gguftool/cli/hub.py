@@ -47,12 +47,8 @@ def add_parser(sub) -> None:
 
 def _check_before_download(args) -> None:
     """A mistyped TYPE or a broken recipe is an error now, not after a download of gigabytes."""
-    from ..pipeline import llama_mix
-    from ..quant import codec
     from .planning import options
-    options(args, default_type=DEFAULT_TYPE)   # the recipe, --tensor-type rules, --tensor-type-file
-    if args.type and not llama_mix.ftype(args.type):
-        codec(args.type)
+    options(args, default_type=DEFAULT_TYPE)   # TYPE, the recipe, --tensor-type rules, --tensor-type-file
 
 
 def run(args) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..io.reader import require_gguf_path
 from . import formatter
 from .args import positive
 
@@ -33,8 +34,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..pipeline import imatrix
     from ..validate.session import default_text
-    if not args.model.is_file():
-        raise GgufToolError(f"{args.model}: no such file" + (" (it is a directory)" if args.model.is_dir() else ""))
+    require_gguf_path(args.model)
     text = args.text or default_text()
     if not text.is_file():
         raise GgufToolError(f"{text}: no such text file")

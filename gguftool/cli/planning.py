@@ -19,7 +19,7 @@ from ..io.writer import check_output_path, temporary_path
 from ..pipeline import plan as planning
 from ..pipeline.quantize import ignored_params
 from ..pipeline.source import ModelSource
-from .args import positive
+from .args import did_you_mean, positive
 
 HQQ_OURS = ", ".join(t.name for t in types.of_family("hqq"))
 HQQ_STOCK = "/".join(types.HQQ_STOCK_TARGETS)
@@ -79,6 +79,8 @@ def options(args, default_type: str | None = None):
     target = args.type or (default_type if recipe is None else None)
     if not target and recipe is None:
         raise GgufToolError("give a TYPE or a --recipe", hint="e.g. `gguftool quantize in.gguf out.gguf Q4_HQQ`")
+    if target:
+        check_target(target)
     opts = planning.Options(
         target=target.upper() if target else "",
         allow_requantize=args.allow_requantize,
@@ -98,6 +100,23 @@ def options(args, default_type: str | None = None):
     if recipe:
         record.update({"recipe.name": recipe.name, "recipe.toml": recipe.text})
     return opts, params, record, recipe
+
+
+def check_target(name: str) -> None:
+    """TYPE names a type gguftool writes or one of llama-quantize's mixes; else the error lists both."""
+    from ..pipeline import llama_mix
+    from ..quant import all_codecs, codec
+    if llama_mix.ftype(name):
+        return
+    try:
+        codec(name)
+    except GgufToolError as e:
+        if "unknown quantization type" not in e.message:   # a known type whose extension failed to load
+            raise
+        single = sorted(c.name for c in all_codecs() if c.quantize is not None)
+        mixes = [n for n in llama_mix.FTYPES if n not in single]
+        raise GgufToolError(f"unknown quantization type {name!r}" + did_you_mean(name.upper(), [*single, *mixes]),
+                            hint=f"types: {', '.join(single)}; llama-quantize's mixes: {', '.join(mixes)}") from None
 
 
 TENSOR_TYPE_FILE_MAX = 16 * 2**20   # far above any real rule list (llama-quantize's are a few KiB)

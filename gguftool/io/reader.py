@@ -362,20 +362,25 @@ class ModelMetadata:
         w.copy_metadata(self)
 
 
+def require_gguf_path(path: Path, what: str = "GGUF file") -> Path:
+    """The path, if it is a regular file; else the error says what it is instead (a checkpoint folder, a FIFO)."""
+    if path.is_dir():
+        checkpoint = (path / "config.json").is_file()
+        raise GgufToolError(f"{path}: is a directory, not a {what}",
+                            hint="it holds a Hugging Face checkpoint: `gguftool convert DIR OUT.gguf --outtype TYPE`"
+                            if checkpoint else "give the .gguf file itself")
+    if path.exists() and not path.is_file():   # a FIFO or device: mmap would fail or block
+        raise GgufToolError(f"{path}: not a regular file, so not a {what}")
+    if not path.is_file():
+        raise GgufToolError(f"{path}: no such {what}")
+    return path
+
+
 class GGUFFile(ModelMetadata):
     """A parsed GGUF file: metadata, tensors (memory-mapped) and the gguftool type records."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
-        if self.path.is_dir():
-            checkpoint = (self.path / "config.json").is_file()
-            raise GgufToolError(f"{self.path}: is a directory, not a GGUF file",
-                                hint="it holds a Hugging Face checkpoint: `gguftool convert DIR OUT.gguf --outtype TYPE`"
-                                if checkpoint else "give the .gguf file itself")
-        if self.path.exists() and not self.path.is_file():   # a FIFO or device: mmap would fail or block
-            raise GgufToolError(f"{self.path}: not a regular file, so not a GGUF file")
-        if not self.path.is_file():
-            raise GgufToolError(f"{self.path}: no such file")
+        self.path = require_gguf_path(Path(path))
         if self.path.stat().st_size < 24:
             raise GgufToolError(f"{self.path}: too short to be a GGUF file ({self.path.stat().st_size} bytes)")
         try:

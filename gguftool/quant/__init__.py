@@ -5,7 +5,6 @@ only talks to `codec(name)`; each family module registers its codecs at import.
 """
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import types
-from ..errors import GgufToolError
+from ..errors import GgufToolError, did_you_mean
 
 QuantizeFn = Callable[..., np.ndarray]   # (x: float32 [rows, n], *, threads: int, **params) -> uint8 [rows, row_bytes]
 DequantizeFn = Callable[[np.ndarray], np.ndarray]  # uint8 [rows, row_bytes] -> float32 [rows, n]
@@ -78,8 +77,7 @@ def codec(name: str) -> Codec:
                                 + "; ".join(_UNAVAILABLE.values()),
                                 hint="reinstall with `pip install .` (it compiles the extension)")
         writable = sorted(n for n, c in _CODECS.items() if c.quantize is not None)   # what a user may ask for
-        close = difflib.get_close_matches(name.upper(), writable, n=1)
-        raise GgufToolError(f"unknown quantization type {name!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+        raise GgufToolError(f"unknown quantization type {name!r}" + did_you_mean(name.upper(), writable),
                             hint="types gguftool can write: " + ", ".join(writable))
     return c
 

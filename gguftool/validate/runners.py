@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import GgufToolError
+from ..errors import GgufToolError, did_you_mean
 from . import metrics
 
 REMOTE_DIR = "/data/local/tmp/gguftool"
@@ -406,4 +406,5 @@ def make_runner(target: str, workdir: Path, threads: int = 2, bin_dir: Path | No
         if target == "qemu-arm64":
             return QemuRunner(bin_dir, workdir, threads)
         return AdbRunner(bin_dir, workdir, threads, serial=target.partition(":")[2] or None)
-    raise GgufToolError(f"unknown target {target!r}", "use local, qemu-arm64, adb or adb:SERIAL")
+    raise GgufToolError(f"unknown target {target!r}" + did_you_mean(target, ["local", "qemu-arm64", "adb"]),
+                        "use local, qemu-arm64, adb or adb:SERIAL")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GgufToolError
+from ..io.reader import require_gguf_path
 from ..io.split import SHARD_NAME, model_paths
 from ..pipeline.kvplan import columns as kv_columns
 from ..pipeline.kvplan import parse_pair as parse_kv  # noqa: F401  ('q4_0/tq3_1' -> ('q4_0', 'tq3_1'))
@@ -72,14 +73,13 @@ class Validation:
         self.r = runner
         self.model = Path(model)
         self.ref_model = Path(reference_model) if reference_model else None
-        if self.ref_model and not self.ref_model.is_file():
-            raise GgufToolError(f"{self.ref_model}: no such reference model file")
+        if self.ref_model:
+            require_gguf_path(self.ref_model, "reference model file")
         self.text = Path(text)
         self.s = settings
         self.log = log
         self.runs: list[dict] = []
-        if not self.model.is_file():
-            raise GgufToolError(f"{self.model}: no such model file")
+        require_gguf_path(self.model)
         if not self.text.is_file():
             raise GgufToolError(f"{self.text}: no such text file")
 
