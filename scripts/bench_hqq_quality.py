@@ -359,7 +359,8 @@ def weighted_methods(target: str, threads: int):
     """name -> fn(x, imatrix row) -> dequantized x. ggml_*: llama-quantize's own quantizer (native build);
     hqq: unweighted; hqq_raw / hqq_ggml: weighted HQQ with w = imatrix_j or imatrix_j * sqrt(sigma2 + x^2)
     (ggml's Q4_1/Q5_1 choice); *_best: per block the better of that and ggml's blocks by the imatrix-weighted
-    error (what solver 'hqq' did for Q4_1/Q5_1 before HQQ took the weights); _ss1: with scale_search=1."""
+    error (what solver 'hqq' did for Q4_1/Q5_1 before HQQ took the weights); hqq_raw / hqq_ggml at scale_search=0,
+    _ss1: with scale_search=1 (the default with weights since 2026-12-07)."""
     from gguftool.native import ggml_lib
     stock = target in H.STOCK
 
@@ -392,7 +393,7 @@ def weighted_methods(target: str, threads: int):
 
     peer = target if stock else "Q4_1"
     m = {f"ggml_{peer.lower()}_imatrix": ggml(peer), f"ggml_{peer.lower()}": ggml(peer, False),
-         "hqq": hqq(), "hqq_raw": hqq("raw"), "hqq_ggml": hqq("ggml"),
+         "hqq": hqq(), "hqq_raw": hqq("raw", scale_search=0), "hqq_ggml": hqq("ggml", scale_search=0),
          "hqq_raw_ss1": hqq("raw", scale_search=1), "hqq_ggml_ss1": hqq("ggml", scale_search=1)}
     if stock:
         g = m[f"ggml_{peer.lower()}_imatrix"]
@@ -433,11 +434,11 @@ def gemma_kld(args) -> list[dict]:
             ("Q4_1 llama-quantize", [build.tool("llama-quantize"), "--allow-requantize"]),
             ("Q4_1 llama-quantize --imatrix", [build.tool("llama-quantize"), "--allow-requantize", "--imatrix", im]),
             ("Q4_HQQ gguftool", [sys.executable, "-m", "gguftool", "quantize", "--allow-requantize"]),
-            ("Q4_HQQ gguftool --imatrix", [sys.executable, "-m", "gguftool", "quantize", "--allow-requantize",
-                                           "--imatrix", im]),
-            ("Q4_HQQ gguftool --imatrix --hqq-scale-search 1", [sys.executable, "-m", "gguftool", "quantize",
+            ("Q4_HQQ gguftool --imatrix --hqq-scale-search 0", [sys.executable, "-m", "gguftool", "quantize",
                                                                 "--allow-requantize", "--imatrix", im,
-                                                                "--hqq-scale-search", "1"])):
+                                                                "--hqq-scale-search", "0"]),
+            ("Q4_HQQ gguftool --imatrix (default: scale search 1)", [sys.executable, "-m", "gguftool", "quantize",
+                                                                     "--allow-requantize", "--imatrix", im])):
         out = work / "gemma-kld.tmp.gguf"
         ftype = label.split()[0]
         if cmd[0] == sys.executable:

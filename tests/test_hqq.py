@@ -3,6 +3,8 @@ decoder, quality against llama.cpp's reference Q4_1 (gguf.quants) and a min-max 
 against its numpy twin and a float dot, bad input rejected."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -371,15 +373,21 @@ def test_weighted_per_value_many_batches_and_threads(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_weights_without_preference_give_the_unweighted_bytes(target):
     """All-zero weights fall back to unweighted (no division by zero); weights equal within each block, or
-    all scaled by a power of two, change nothing (each block's weights are divided by their maximum)."""
+    all scaled by a power of two, change nothing (each block's weights are divided by their maximum).
+    With weights the scale search defaults to WEIGHTED_SCALE_SEARCH; given explicitly, it is the same solve."""
     edge = np.r_[_edge_rows().reshape(-1), np.zeros(128)].reshape(-1, 256)
     x = np.concatenate([_random_sets(5)["student_t3"][:, :256], edge]).astype(F32)
-    plain = H.quantize_hqq(x, target)
+    assert H.WEIGHTED_SCALE_SEARCH == 1
     G = H.TARGETS[target][1]
     per_block = np.repeat(np.random.default_rng(3).uniform(0.1, 50, 256 // G), G).astype(F32)
-    for w in (np.zeros(256, F32), np.full(256, 3.7, F32), per_block):
-        for fn in (H.quantize_hqq, H.quantize_hqq_ref):
-            _assert_same(plain, fn(x, target, imatrix=w), f"{target} {fn.__name__} w={w[:3]}")
+    for search in (None, 0, 2):
+        given = {} if search is None else {"scale_search": search}
+        plain = H.quantize_hqq(x, target, scale_search=H.WEIGHTED_SCALE_SEARCH if search is None else search)
+        for w in (np.zeros(256, F32), np.full(256, 3.7, F32), per_block):
+            for fn in (H.quantize_hqq, H.quantize_hqq_ref):
+                _assert_same(plain, fn(x, target, imatrix=w, **given), f"{target} {fn.__name__} w={w[:3]} {given}")
+    plain = H.quantize_hqq(x, target)
+    assert not np.array_equal(H.quantize_hqq(x, target, imatrix=np.ones(256, F32)), plain)   # the search is on
     w = _imatrices(256, 4)["gamma"]
     _assert_same(H.quantize_hqq(x, target, imatrix=w), H.quantize_hqq(x, target, imatrix=w * F32(2.0 ** 40)),
                  f"{target} scaled weights")
@@ -464,3 +472,6 @@ def test_quantize_command_uses_the_imatrix(tmp_path, rng, target):
         assert np.array_equal(fb.tensor(t.name).raw_rows(), H.quantize_hqq_ref(x, target)), t.name
         weighted += w is not None
     assert weighted >= 8
+    # the file says which scale search the weighted solves ran at
+    assert json.loads(fa.get("gguftool.hqq.weighted_defaults")) == {"scale_search": H.WEIGHTED_SCALE_SEARCH}
+    assert fb.get("gguftool.hqq.weighted_defaults") is None

@@ -88,7 +88,8 @@ def test_native_build_weighted_matches_numpy(native_lib):
             native_lib.gqt_hqq_default_params(ctypes.byref(p))
             for k, v in prm.items():
                 setattr(p, k, v)
-            want = H.quantize_hqq_ref(x, target, imatrix=w, **prm)
+            # the C call takes its parameters as given: the struct's scale search, not the weighted default
+            want = H.quantize_hqq_ref(x, target, imatrix=w, **{"scale_search": p.scale_search, **prm})
             out = np.zeros_like(want)
             rc = native_lib.gqt_hqq_quantize_rows_weighted(tid, x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1],
                                                            ctypes.byref(p), w.ctypes.data, 0)

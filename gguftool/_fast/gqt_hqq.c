@@ -798,7 +798,7 @@ void gqt_quantize_row_q4_hqq_128_ref(const float * x, void * y, int64_t k) {
 }
 
 /* llama-quantize's entry: with an importance matrix (one weight per column) the weighted solver, as
- * quantize_hqq(imatrix=) runs it; an imatrix holding a negative or non-finite value is not a weighting
+ * quantize_hqq(imatrix=) runs it (and with its scale search); an imatrix holding a negative or non-finite value is not a weighting
  * (and ggml has no error channel here), so that tensor is solved unweighted */
 static size_t quantize_chunk(int target, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                              const float * imatrix) {
@@ -808,6 +808,7 @@ static size_t quantize_chunk(int target, const float * src, void * dst, int64_t 
     gqt_hqq_default_params(&p);
     for (int64_t j = 0; imatrix && j < n_per_row; j++)
         if (!(imatrix[j] >= 0.0f) || !isfinite(imatrix[j])) imatrix = NULL;
+    if (imatrix) p.scale_search = GQT_HQQ_WEIGHTED_SCALE_SEARCH;
     (void) quantize_blocks(&t, src, (uint8_t *) dst, nrows * (n_per_row / t.group), &p, imatrix, 0, n_per_row / t.group);
     return (size_t) nrows * gqt_hqq_row_size(target, n_per_row);
 }

@@ -34,6 +34,9 @@ GQT_STATIC_ASSERT(q4_hqq_block, sizeof(gqt_block_q4_hqq) == GQT_Q4_HQQ_BYTES);
 GQT_STATIC_ASSERT(q4_hqq_128_block, sizeof(gqt_block_q4_hqq_128) == GQT_Q4_HQQ_128_BYTES);
 
 #define GQT_HQQ_SCALE_SEARCH_MAX 6
+/* scale_search in effect with importance weights when none is asked for (llama-quantize's entry,
+ * quantize_hqq(imatrix=)): it closes weighted Q4_HQQ's gap to ggml's own 37-scale imatrix search */
+#define GQT_HQQ_WEIGHTED_SCALE_SEARCH 1
 #define GQT_HQQ_REFIT_MAX 8
 #define GQT_HQQ_ITERS_MAX 1000
 #define GQT_HQQ_S_INV_CAP 16777216.0f  /* cap of the inverse scale, 2^24: 1/2^24 is fp16's smallest step */

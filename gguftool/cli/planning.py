@@ -59,7 +59,8 @@ def add_plan_args(p) -> None:
     s.add_argument("--hqq-beta", type=float, help="initial beta (default 10)")
     s.add_argument("--hqq-kappa", type=float, help="beta growth per iteration (default 1.01)")
     s.add_argument("--hqq-scale-search", type=int,
-                   help="0 = the min-max scale only (default); n = also try 2n scales: ~6%% lower error, ~2x the time")
+                   help="0 = the min-max scale only (default without --imatrix); n = also try 2n scales: ~6%% lower "
+                        "error, ~2x the time (default 1 with --imatrix)")
     s.add_argument("--hqq-refit", type=int,
                    help="rounds of least-squares refit of scale/zero (default 2); 0 with scale search 0 = plain HQQ")
 

@@ -198,10 +198,12 @@ def declare(w, src: ModelSource, plan: Plan, *, target: str, params: dict[str, A
     record = {"quantize.target": target, **(record or {})}
     hqq_steps = _hqq_steps(plan, params)
     if hqq_steps:
-        from ..quant.hqq import DEFAULTS, HQQParams
+        from ..quant.hqq import DEFAULTS, WEIGHTED_SCALE_SEARCH, HQQParams
         for s in hqq_steps:   # a bad parameter fails here, before anything is written
             HQQParams.make(**solver_params(codec(s.out_type.name), {**params, **s.params}))
         record["hqq.defaults"] = json.dumps(asdict(DEFAULTS), sort_keys=True)   # they change between versions
+        if imatrix is not None:   # what the weighted solves used where --hqq-scale-search was not given
+            record["hqq.weighted_defaults"] = json.dumps({"scale_search": WEIGHTED_SCALE_SEARCH})
     w.add_tool_record(record)
     for s in plan.steps:
         w.add_tensor_info(s.tensor.name, s.tensor.shape, s.out_type)
