@@ -660,6 +660,36 @@ def test_a_non_default_alignment_is_kept_and_the_output_reads_back(tmp_path, ali
     assert all(t.offset % alignment == 0 for t in out.tensors) and out.tensor("a.weight").type.name == "Q8_0"
 
 
+@pytest.mark.native
+@pytest.mark.slow
+def test_llama_cpp_loads_outputs_of_a_non_default_alignment(smollm2, tmp_path):
+    """A real model written with general.alignment 256, and requantized from that file: llama.cpp loads both
+    and decodes what the default-aligned file decodes (the same tensor bytes at other offsets)."""
+    from gguftool.native import tools
+    try:
+        build = tools.find_build()
+    except GgufToolError as e:
+        pytest.skip(e.message)
+    plain, aligned, again = tmp_path / "plain.gguf", tmp_path / "aligned.gguf", tmp_path / "again.gguf"
+    base = [str(smollm2), "--allow-requantize", "--pure"]
+    assert main(["quantize", base[0], str(plain), "Q8_0", *base[1:]]) == 0
+    assert main(["quantize", base[0], str(aligned), "Q8_0", *base[1:], "--override-kv", "general.alignment=int:256"]) == 0
+    assert main(["quantize", str(aligned), str(again), "Q4_0", "--allow-requantize", "--pure"]) == 0
+    a, p, g = GGUFFile(aligned), GGUFFile(plain), GGUFFile(again)
+    assert a.alignment == g.alignment == 256 and p.alignment == 32
+    assert all(t.offset % 256 == 0 for t in [*a.tensors, *g.tensors])
+    assert any(t.offset % 256 for t in p.tensors)   # the default layout differs, so the loader had work to do
+
+    def complete(m: Path) -> str:
+        r = subprocess.run([str(build.tool("llama-completion")), "-m", str(m), "-p", "The capital of France is",
+                            "-n", "8", "-t", "2", "--temp", "0", "-no-cnv"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+    text = complete(plain)
+    assert len(text) > len("The capital of France is") and complete(aligned) == text
+    assert complete(again).startswith("The capital of France is")
+
+
 def test_more_than_four_dimensions_and_overlapping_data_are_refused(tmp_path):
     import struct
 
