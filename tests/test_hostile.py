@@ -789,6 +789,23 @@ def test_a_catastrophic_pattern_is_an_error_not_a_hang(tmp_path, capsys):
     assert not (tmp_path / "o.gguf").exists()
 
 
+def test_a_pattern_slow_on_every_name_is_stopped_by_its_total(tmp_path, capsys):
+    """Each name alone takes well under the limit (26 x's: ~0.25 s here), but 60 of them would take
+    minutes: the limit is on the pattern's time over the whole plan, so the run stops near 1 s."""
+    import numpy as np
+
+    from gguftool.cli import main
+
+    from .conftest import write_gguf
+    names = [f"{i:02d}" + "x" * 26 + ".weight" for i in range(60)]
+    src = write_gguf(tmp_path / "m.gguf", {n: (np.ones((4, 32), np.float32), None) for n in names})
+    assert main(["quantize", str(src), str(tmp_path / "o.gguf"), "Q8_0", "--tensor-type", "(x|xx)+y=Q4_0"]) == 1
+    err = capsys.readouterr().err
+    assert "took over 1 s on the tensor names" in err and not (tmp_path / "o.gguf").exists()
+    stopped_at = int(err.split("(at '", 1)[1][:2])
+    assert 0 < stopped_at < 59, err   # not on the first name (each is fast alone), and before the last
+
+
 def test_a_stalled_hub_hits_the_deadline_with_a_clear_error(tmp_path, monkeypatch, capsys):
     """A server that accepts the connection and never answers: the run ends at --deadline, named."""
     import socket

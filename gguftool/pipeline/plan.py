@@ -8,6 +8,7 @@ rows of 256; a tensor whose rows do not divide the block size falls back to a ty
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,9 +131,9 @@ def make_plan(src: ModelSource, opts: Options) -> Plan:
     if opts.mix is None:
         _producible(opts.target)
     has_output = OUTPUT in src
-    steps = []
+    steps, spent = [], {}
     for t in src.tensors:
-        tname, note, rule = _choose(t, opts, has_output)
+        tname, note, rule = _choose(t, opts, has_output, spent)
         if tname is None:
             steps.append(Step(t, t.type, "copy", quantizable=False))
             continue
@@ -157,20 +158,26 @@ def unused_rules(plan: Plan, opts: Options) -> list[Rule]:
     return [r for r in opts.tensor_types if r.pattern.pattern not in used]
 
 
-MATCH_SECONDS = 1.0   # a tensor name is short: only catastrophic backtracking takes this long
+MATCH_SECONDS = 1.0   # one pattern over all of a plan's tensor names: only catastrophic backtracking takes this long
 
 
-def matches(rule: Rule, name: str) -> bool:
-    """rule's pattern found in `name`; a pattern that backtracks without end (a shared recipe can hold one)
-    is an error naming it, not a hung run."""
+def matches(rule: Rule, name: str, spent: dict[str, float]) -> bool:
+    """rule's pattern found in `name`. A pattern that backtracks without end (a shared recipe can hold one)
+    is an error naming it, not a hung run; `spent` holds each pattern's search time so far in this plan, so
+    a pattern slow on every name of a large model is stopped too, not only one slow on a single name."""
+    key = rule.pattern.pattern
+    t0 = time.perf_counter()
     try:
-        return rule.pattern.search(name, timeout=MATCH_SECONDS) is not None
+        return rule.pattern.search(name, timeout=max(MATCH_SECONDS - spent.get(key, 0.0), 1e-3)) is not None
     except TimeoutError:
-        raise GgufToolError(f"{rule.origin}: the pattern {rule.pattern.pattern!r} took over {MATCH_SECONDS:g} s on "
-                            f"{name!r} (catastrophic backtracking)", hint="simplify it, e.g. (a+)+ -> a+") from None
+        raise GgufToolError(f"{rule.origin}: the pattern {key!r} took over {MATCH_SECONDS:g} s on the tensor names "
+                            f"(at {name!r}: catastrophic backtracking)", hint="simplify it, e.g. (a+)+ -> a+") from None
+    finally:
+        spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
 
 
-def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | None, str, Rule | None]:
+def _choose(t: TensorSource, opts: Options, has_output: bool,
+            spent: dict[str, float]) -> tuple[str | None, str, Rule | None]:
     """Target type name for one tensor (None: keep it as it is), a note, and the rule that chose it."""
     # the order is llama-quantize's (llama_tensor_get_type): kept tensors, then --token-embedding-type,
     # --output-tensor-type on output.weight, then the --tensor-type rules, then a tied embedding's output type
@@ -186,7 +193,7 @@ def _choose(t: TensorSource, opts: Options, has_output: bool) -> tuple[str | Non
     if name == OUTPUT and opts.output_tensor_type:
         return _producible(opts.output_tensor_type).name, "", None
     for rule in opts.tensor_types:
-        if matches(rule, name):
+        if matches(rule, name, spent):
             return rule.type, f"{rule.origin}", rule
     is_output = name == OUTPUT or (not has_output and name == TOKEN_EMBD)
     if is_output and opts.output_tensor_type:
