@@ -129,3 +129,43 @@ def test_an_interrupted_validate_stops_the_tool_it_runs(tmp_path, sig):
     if alive:
         os.kill(tool, signal.SIGKILL)
     assert not alive, "the tool outlived the interrupted gguftool"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupted_adb_validate_stops_the_tool_on_the_phone(tmp_path, sig):
+    """`validate --target adb` interrupted while a tool runs on the phone: a killed `adb shell` leaves its
+    command running on the device, so gguftool must stop it there too (the fake phone's tool is a shell script
+    that records its pid; the fake adb, like the real one, leaves it running when adb itself is killed)."""
+    from .conftest import tiny_llama
+    from .test_validate import FAKE_ADB
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    pid_file = tmp_path / "tool.pid"
+    tool = bins / "llama-perplexity"
+    # a loop, not `exec sleep`: like a real tool, the process keeps its own command line while it runs
+    tool.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nwhile :; do sleep 0.1; done\n")
+    tool.chmod(0o755)
+    model = tiny_llama(tmp_path / "m.gguf", np.random.default_rng(0))
+    text = tmp_path / "t.txt"
+    text.write_text("It is a truth universally acknowledged. " * 50)
+    env = {**os.environ, "PATH": f"{FAKE_ADB}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_ADB_ROOT": str(tmp_path / "phone"), "GGUFTOOL_NO_PROGRESS": "1"}
+    env.pop("FAKE_ADB_STATE", None)
+    p = subprocess.Popen([sys.executable, "-m", "gguftool", "validate", str(model), "--target", "adb",
+                          "--bin-dir", str(bins), "--kv", "q8_0", "--text", str(text), "--no-bench", "--no-sample",
+                          "--out", str(tmp_path / "rep")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t0 = time.monotonic()
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() - t0 < 60 and p.poll() is None, p.stderr.read().decode()[-2000:]
+        time.sleep(0.02)
+    pid = int(pid_file.read_text())
+    assert _alive(pid)
+    p.send_signal(sig)
+    assert p.wait(timeout=60) == 128 + sig, p.stderr.read().decode()[-2000:]
+    t0 = time.monotonic()
+    while _alive(pid) and time.monotonic() - t0 < 15:
+        time.sleep(0.05)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the tool kept running on the phone after gguftool was interrupted"

@@ -268,6 +268,10 @@ class AdbRunner(Runner):
             p.wait()
             raise GgufToolError(f"adb {' '.join(args[:2])} did not finish within {timeout:.0f} s",
                                 "is the device still connected? (`adb devices`)") from None
+        except BaseException:   # interrupted (Ctrl-C, SIGTERM, SIGHUP): no adb left running behind us
+            p.kill()
+            p.wait()
+            raise
         finally:
             for t in readers:
                 t.join(10)
@@ -356,6 +360,16 @@ class AdbRunner(Runner):
         self.pushed.append({"name": local.name, "remote": remote, "bytes": local.stat().st_size, "skipped": skipped})
         return remote
 
+    def stop_tools(self) -> None:
+        """Kill what runs from the work folder on the device. A killed `adb shell` leaves its command running
+        there (adbd only hangs up a pty), so an interrupted or timed-out run would keep the phone busy and hot.
+        Best effort: the device may be gone, which is why the run was cut short."""
+        pattern = "[" + self.remote_dir[0] + "]" + re.escape(self.remote_dir[1:] + "/")   # [/]data: not pkill's own shell
+        try:
+            self._adb("shell", f"pkill -9 -f {shlex.quote(pattern)}", timeout=15, check=False)
+        except (GgufToolError, OSError):
+            pass
+
     def pull(self, target_path: str, local: Path) -> Path:
         self._adb("pull", target_path, str(local))
         return Path(local)
@@ -365,11 +379,15 @@ class AdbRunner(Runner):
         tag = self._tag(tool, tag)
         envs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
         timed = "time -v " if self.has_time else ""
-        argv = [f"./{tool}", *[str(a) for a in args]]
+        argv = [f"{self.remote_dir}/{tool}", *[str(a) for a in args]]   # by its full path: stop_tools finds it
         line = (f"cd {shlex.quote(self.remote_dir)} && {envs + ' ' if envs else ''}{timed}"
                 f"{' '.join(shlex.quote(a) for a in argv)} > {tag}.out 2> {tag}.err; echo $? > {tag}.rc")
         t0 = time.monotonic()
-        self._adb("shell", line, timeout=timeout)
+        try:
+            self._adb("shell", line, timeout=timeout)
+        except BaseException:
+            self.stop_tools()
+            raise
         seconds = time.monotonic() - t0
         got = {}
         for ext in ("out", "err", "rc"):
@@ -389,7 +407,7 @@ class AdbRunner(Runner):
         rss = metrics.parse_peak_rss_kib(err) if self.has_time else None
         if self.has_time:
             err = metrics.strip_time_v(err)
-        return RunResult([f"{self.remote_dir}/{tool}", *argv[1:]], rc, got["out"], err, seconds, rss, dict(env or {}))
+        return RunResult(argv, rc, got["out"], err, seconds, rss, dict(env or {}))
 
 
 def make_runner(target: str, workdir: Path, threads: int = 2, bin_dir: Path | None = None) -> Runner:
