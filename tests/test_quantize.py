@@ -168,6 +168,33 @@ def test_inspect_json(tmp_path, smollm2, capsys):
     assert 5.7 < info["bits_per_weight"] < 5.8
 
 
+def _gguf_dump(*args) -> str:   # upstream's gguf-dump, from the installed gguf package
+    r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_dump", *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_inspect_takes_gguf_dumps_flags(tmp_path, smollm2, capsys):
+    """--json, --no-tensors, --data-offset, --data-alignment mean what they mean in gguf-dump: the same
+    numbers, the same metadata keys and tensor names (our layout), on a stock file and a 64-aligned one."""
+    aligned = tmp_path / "a.gguf"
+    assert main(["quantize", str(tiny_llama(tmp_path / "t.gguf", np.random.default_rng(1))), str(aligned), "Q8_0",
+                 "--override-kv", "general.alignment=int:64"]) == 0
+    capsys.readouterr()
+    for f in (smollm2, aligned):
+        for flag in ("--data-offset", "--data-alignment"):
+            assert main(["inspect", str(f), flag]) == 0
+            assert capsys.readouterr().out.strip() == _gguf_dump(flag, f).strip(), (f, flag)
+        ref = json.loads(_gguf_dump("--json", f))
+        assert main(["inspect", str(f), "--json"]) == 0
+        ours = json.loads(capsys.readouterr().out)
+        assert set(ours["metadata"]) == {k for k in ref["metadata"] if not k.startswith("GGUF.")}
+        assert [t["name"] for t in ours["tensors"]] == list(ref["tensors"])
+        assert main(["inspect", str(f), "--json", "--no-tensors"]) == 0
+        assert "tensors" not in json.loads(capsys.readouterr().out)
+    assert _gguf_dump("--data-alignment", aligned).strip() == "64"
+
+
 def test_f16_decoder_is_exact_for_every_pattern():
     """F16 inputs are decoded by our C cast (numpy's is scalar and slow): all 65536 bit patterns
     must give numpy's float32 bits (NaN stays NaN; its payload is not part of the contract)."""

@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   gguftool inspect model.gguf
   gguftool inspect model.gguf --tensors
   gguftool inspect model.gguf --format json | jq .types
+  gguftool inspect model.gguf --json [--no-tensors]           # gguf-dump's flags: metadata and tensors as JSON
   gguftool inspect model-00001-of-00003.gguf --tensors     # a split model: all shards, as llama.cpp loads them
 
 Upstream's gguf-dump and gguf.GGUFReader stop with a traceback on files that use gguftool's types
@@ -27,6 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tensors", action="store_true", help="list every tensor (name, shape, type, bytes)")
     p.add_argument("--metadata", action="store_true", help="list metadata keys (long arrays abbreviated)")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    g = p.add_argument_group("gguf-dump's spellings (same meaning; gguftool's own output layout)")
+    g.add_argument("--json", action="store_true", help="--format json with the metadata and the tensors")
+    g.add_argument("--no-tensors", action="store_true", help="with --json: leave the tensors out")
+    g.add_argument("--data-offset", action="store_true", help="print where this file's tensor data starts")
+    g.add_argument("--data-alignment", action="store_true", help="print this file's data alignment")
     p.set_defaults(func=run)
 
 
@@ -60,6 +66,12 @@ def _short(v):
 
 
 def run(args) -> int:
+    if args.data_offset or args.data_alignment:   # of the file named, as gguf-dump prints them (a shard's own)
+        one = GGUFFile(args.file)
+        print(one.data_offset if args.data_offset else one.alignment)
+        return 0
+    if args.json:
+        args.format, args.metadata, args.tensors = "json", True, not args.no_tensors
     f = open_gguf(args.file)
     info = summarize(f)
     if args.tensors:
