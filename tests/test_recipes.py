@@ -1,6 +1,8 @@
 """Recipes (declarative plans) and size-targeted planning."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -264,3 +266,22 @@ def test_target_bpw_with_a_llama_quantize_mix_chooses_among_its_types(native, tm
     data = sum(t.n_bytes for t in f.tensors)
     assert 8 * data / sum(t.n_elements for t in f.tensors) <= 5.5
     assert f.get("general.file_type") == 15   # still llama-quantize's Q4_K_M file type
+
+
+def test_a_recipes_folder_in_site_packages_is_not_ours(tmp_path):
+    """Installed, the folder above gguftool/ is site-packages: a `recipes` folder another distribution put
+    there must not shadow or add to gguftool's recipes. A source checkout's recipes/ is used."""
+    from gguftool.pipeline.recipe import available, checkout_recipe_dir
+    site = tmp_path / "site-packages"
+    (site / "gguftool").mkdir(parents=True)
+    (site / "recipes").mkdir()
+    (site / "recipes" / "phone-small.toml").write_text('type = "F32"\n')
+    assert checkout_recipe_dir(site / "gguftool") is None
+    repo = tmp_path / "repo"
+    (repo / "gguftool").mkdir(parents=True)
+    (repo / "recipes").mkdir()
+    (repo / "pyproject.toml").write_text("")
+    (repo / "setup.py").write_text("")
+    assert checkout_recipe_dir(repo / "gguftool") == repo / "recipes"
+    # this checkout's own recipes are found, and they are the repository's files
+    assert available()["phone-small"] == Path(__file__).resolve().parents[1] / "recipes" / "phone-small.toml"

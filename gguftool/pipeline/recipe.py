@@ -34,7 +34,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # source checkout
 TOP_KEYS = {"name", "description", "type", "output_type", "token_embedding_type", "pure", "allowed", "solver",
             "rules", "kv"}
 RULE_KEYS = {"pattern", "type", "solver"}
@@ -72,9 +71,19 @@ class Recipe:
 INSTALLED_RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"  # a wheel: package gguftool.recipes
 
 
+def checkout_recipe_dir(package: Path) -> Path | None:
+    """recipes/ beside the package `package` when that is a source checkout (its pyproject.toml and setup.py
+    are there). Installed, the folder above the package is site-packages, whose `recipes` (if some other
+    distribution installs one) is not ours and must not shadow or add to gguftool's recipes."""
+    root = package.parent
+    ours = (root / "pyproject.toml").is_file() and (root / "setup.py").is_file()
+    return root / "recipes" if ours and (root / "recipes").is_dir() else None
+
+
 def recipe_dirs() -> list[Path]:
     # gguftool.recipes has no __init__.py: importlib.resources would hand back a MultiplexedPath, not a folder
-    return [d for d in (RECIPE_DIR, INSTALLED_RECIPE_DIR) if d.is_dir()]
+    checkout = checkout_recipe_dir(Path(__file__).resolve().parents[1])
+    return [d for d in (checkout, INSTALLED_RECIPE_DIR) if d is not None and d.is_dir()]
 
 
 def available() -> dict[str, Path]:
