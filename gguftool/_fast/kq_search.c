@@ -515,6 +515,25 @@ static void q6_rounds(const float * x, const float * w, q6_params * p, int round
     *E_io = E;
 }
 
+/* For the grid scale d, each sub-block's best integer scale among the three nearest a_j / d (the
+ * codes re-chosen for each): the exact inner optimum up to those neighbours. Returns the block error. */
+static double q6_scales_for_d(const float * x, const float * w, const float * a, float d, int * sc) {
+    double e = 0;
+    for (int j = 0; j < 16; ++j) {
+        const int c = nearest(a[j] / d, -128, 127);
+        float be = INFINITY;
+        for (int s = c - 1; s <= c + 1; ++s) {
+            if (s < -128 || s > 127) continue;
+            const float es = q6_sub_err(x + 16 * j, w + 16 * j, d * (float) s);
+            if (es < be) { be = es; sc[j] = s; }
+        }
+        e += be;
+    }
+    return e;
+}
+
+#define Q6_D_STEPS 24   /* the grid scale over 1 +- Q6_D_STEPS/200: d decides every sub-block's scale steps */
+
 static double q6_refine_block(const float * x, const float * w, q6_params * p, int rounds, double * before) {
     float sub[16];
     double E = q6_block_err(x, w, p, sub);
@@ -530,19 +549,14 @@ static double q6_refine_block(const float * x, const float * w, q6_params * p, i
     q6_params q;
     q.d = fp16_round(-smax / 128.f);
     if (q.d == 0.f || !isfinite(q.d)) return E;
-    for (int j = 0; j < 16; ++j) q.sc[j] = nearest(a[j] / q.d, -128, 127);
-    double best = q6_block_err(x, w, &q, NULL);
-    float keep = q.d;
-    for (int k = -QK_GRID_STEPS; k <= QK_GRID_STEPS; ++k) {   /* the grid scale, as for Q4_K's d */
-        q6_params c = q;
-        c.d = fp16_round(-smax / 128.f * (1.f + 0.01f * (float) k));
+    double best = q6_scales_for_d(x, w, a, q.d, q.sc);
+    for (int k = -Q6_D_STEPS; k <= Q6_D_STEPS; ++k) {   /* the grid scale, each with its best sub-block scales */
+        q6_params c;
+        c.d = fp16_round(-smax / 128.f * (1.f + 0.005f * (float) k));
         if (k == 0 || c.d == 0.f || !isfinite(c.d)) continue;
-        for (int j = 0; j < 16; ++j) c.sc[j] = nearest(a[j] / c.d, -128, 127);
-        const double e = q6_block_err(x, w, &c, NULL);
-        if (e < best) { best = e; keep = c.d; }
+        const double e = q6_scales_for_d(x, w, a, c.d, c.sc);
+        if (e < best) { best = e; q = c; }
     }
-    q.d = keep;
-    for (int j = 0; j < 16; ++j) q.sc[j] = nearest(a[j] / q.d, -128, 127);
     float subq[16];
     double Eq = q6_block_err(x, w, &q, subq);
     q6_rounds(x, w, &q, rounds, subq, &Eq);
