@@ -671,9 +671,9 @@ def test_llama_cpp_loads_outputs_of_a_non_default_alignment(smollm2, tmp_path):
     except GgufToolError as e:
         pytest.skip(e.message)
     plain, aligned, again = tmp_path / "plain.gguf", tmp_path / "aligned.gguf", tmp_path / "again.gguf"
-    base = [str(smollm2), "--allow-requantize", "--pure"]
-    assert main(["quantize", base[0], str(plain), "Q8_0", *base[1:]]) == 0
-    assert main(["quantize", base[0], str(aligned), "Q8_0", *base[1:], "--override-kv", "general.alignment=int:256"]) == 0
+    opts = ["--allow-requantize", "--pure"]
+    assert main(["quantize", str(smollm2), str(plain), "Q8_0", *opts]) == 0
+    assert main(["quantize", str(smollm2), str(aligned), "Q8_0", *opts, "--override-kv", "general.alignment=int:256"]) == 0
     assert main(["quantize", str(aligned), str(again), "Q4_0", "--allow-requantize", "--pure"]) == 0
     a, p, g = GGUFFile(aligned), GGUFFile(plain), GGUFFile(again)
     assert a.alignment == g.alignment == 256 and p.alignment == 32

@@ -97,6 +97,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _started_tool(p, pid_file, limit: float, what: str) -> int:
+    """The pid the tool wrote once it runs (while gguftool, p, still runs)."""
+    t0 = time.monotonic()
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() - t0 < limit and p.poll() is None, what
+        time.sleep(0.01)
+    pid = int(pid_file.read_text())
+    assert _alive(pid)
+    return pid
+
+
+def _stops(pid: int, grace: float) -> bool:
+    """Whether the process ends within `grace` seconds; one that does not is killed, so no test leaves it."""
+    t0 = time.monotonic()
+    while _alive(pid) and time.monotonic() - t0 < grace:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        return False
+    return True
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_validate_stops_the_tool_it_runs(tmp_path, sig):
     """validate runs each llama tool in a session of its own (a timeout kills the whole group): when gguftool
@@ -113,22 +135,10 @@ def test_an_interrupted_validate_stops_the_tool_it_runs(tmp_path, sig):
         "except KeyboardInterrupt:\n"
         "    sys.exit(130)\n")
     p = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)])
-    pid_file = tmp_path / "tool.pid"
-    t0 = time.monotonic()
-    while not (pid_file.is_file() and pid_file.read_text().strip()):
-        assert time.monotonic() - t0 < 30 and p.poll() is None, "the tool never started"
-        time.sleep(0.01)
-    tool = int(pid_file.read_text())
-    assert _alive(tool)
+    tool = _started_tool(p, tmp_path / "tool.pid", 30, "the tool never started")
     p.send_signal(sig)
     assert p.wait(timeout=30) == 130
-    t0 = time.monotonic()
-    while _alive(tool) and time.monotonic() - t0 < 10:
-        time.sleep(0.05)
-    alive = _alive(tool)
-    if alive:
-        os.kill(tool, signal.SIGKILL)
-    assert not alive, "the tool outlived the interrupted gguftool"
+    assert _stops(tool, 10), "the tool outlived the interrupted gguftool"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -154,18 +164,7 @@ def test_an_interrupted_adb_validate_stops_the_tool_on_the_phone(tmp_path, sig):
     p = subprocess.Popen([sys.executable, "-m", "gguftool", "validate", str(model), "--target", "adb",
                           "--bin-dir", str(bins), "--kv", "q8_0", "--text", str(text), "--no-bench", "--no-sample",
                           "--out", str(tmp_path / "rep")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    t0 = time.monotonic()
-    while not (pid_file.is_file() and pid_file.read_text().strip()):
-        assert time.monotonic() - t0 < 60 and p.poll() is None, p.stderr.read().decode()[-2000:]
-        time.sleep(0.02)
-    pid = int(pid_file.read_text())
-    assert _alive(pid)
+    pid = _started_tool(p, pid_file, 60, "the tool never started on the phone")
     p.send_signal(sig)
     assert p.wait(timeout=60) == 128 + sig, p.stderr.read().decode()[-2000:]
-    t0 = time.monotonic()
-    while _alive(pid) and time.monotonic() - t0 < 15:
-        time.sleep(0.05)
-    alive = _alive(pid)
-    if alive:
-        os.kill(pid, signal.SIGKILL)
-    assert not alive, "the tool kept running on the phone after gguftool was interrupted"
+    assert _stops(pid, 15), "the tool kept running on the phone after gguftool was interrupted"
