@@ -84,7 +84,8 @@ def test_never_worse_per_block_and_lower_in_total_on_real_rows(native, minilm_di
     assert np.array_equal(e_ours[same], e_ref[same])
     ratio = e_ours.sum() / e_ref.sum()
     print(f"{name} imatrix={with_imatrix}: weighted squared error {ratio:.4f} of llama-quantize's")
-    assert ratio < 0.97   # measured 0.87-0.95 (docs/stock-types.md)
+    # the goal is 10% below; Q4_K's format leaves ~6.5% (docs/stock-types.md, measured here 0.79-0.95)
+    assert ratio < {"Q4_K": 0.96, "Q5_K": 0.90, "Q6_K": 0.88}[name]
     # the kernel's before/after agree with the decoded errors
     q = ref.copy()
     before, after = kquant.refine(q, x, name, imatrix=w)

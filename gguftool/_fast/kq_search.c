@@ -532,6 +532,25 @@ static double q6_scales_for_d(const float * x, const float * w, const float * a,
     return e;
 }
 
+/* The int8 scales of one sub-block for the grid scale d, both signs, 0.8-1.6x the current magnitude, the
+ * codes re-chosen for each: the error of a scale is jagged (the sign decides which end gets the 32nd step),
+ * so the neighbours of the continuous optimum miss many of the best (Q6_K at the same d: MiniLM 0.893 ->
+ * 0.857, Gemma 0.902 -> 0.871 of llama-quantize's error). All 256 scales give the same to 2e-5, at 1.5x the
+ * time. Run once, on the winning start (on both: 0.0004 better, 1.15x the time). */
+static float q6_all_scales(const float * x, const float * w, float d, int * sc) {
+    float best = INFINITY;
+    const int c = abs(*sc), lo = c * 4 / 5 - 1, hi = c * 8 / 5 + 2;
+    for (int m = lo < 0 ? 0 : lo; m <= hi && m <= 128; ++m) {
+        for (int sg = -1; sg <= 1; sg += 2) {
+            const int s = sg * m;
+            if (s > 127 || (m == 0 && sg > 0)) continue;
+            const float e = q6_sub_err(x, w, d * (float) s);
+            if (e < best) { best = e; *sc = s; }
+        }
+    }
+    return best;
+}
+
 #define Q6_D_STEPS 24   /* the grid scale over 1 +- Q6_D_STEPS/200: d decides every sub-block's scale steps */
 
 static double q6_refine_block(const float * x, const float * w, q6_params * p, int rounds, double * before) {
@@ -559,6 +578,11 @@ static double q6_refine_block(const float * x, const float * w, q6_params * p, i
     }
     float subq[16];
     double Eq = q6_block_err(x, w, &q, subq);
+    q6_rounds(x, w, &q, rounds, subq, &Eq);
+    if (Eq < E) { *p = q; E = Eq; }
+    q = *p;
+    Eq = 0;
+    for (int j = 0; j < 16; ++j) Eq += subq[j] = q6_all_scales(x + 16 * j, w + 16 * j, q.d, &q.sc[j]);
     q6_rounds(x, w, &q, rounds, subq, &Eq);
     if (Eq < E) { *p = q; E = Eq; }
     return E;
