@@ -175,24 +175,35 @@ def _gguf_dump(*args) -> str:   # upstream's gguf-dump, from the installed gguf 
 
 
 def test_inspect_takes_gguf_dumps_flags(tmp_path, smollm2, capsys):
-    """--json, --no-tensors, --data-offset, --data-alignment mean what they mean in gguf-dump: the same
-    numbers, the same metadata keys and tensor names (our layout), on a stock file and a 64-aligned one."""
-    aligned = tmp_path / "a.gguf"
-    assert main(["quantize", str(tiny_llama(tmp_path / "t.gguf", np.random.default_rng(1))), str(aligned), "Q8_0",
-                 "--override-kv", "general.alignment=int:64"]) == 0
+    """--json (with --json-array, --no-tensors), --data-offset and --data-alignment print what gguf-dump
+    prints, byte for byte, on a stock file and a 64-aligned one; on a file of our types, which gguf-dump
+    cannot read, every offset --json gives points at its key's or tensor's record."""
+    tiny = tiny_llama(tmp_path / "t.gguf", np.random.default_rng(1))
+    aligned, ours_types = tmp_path / "a.gguf", tmp_path / "h.gguf"
+    assert main(["quantize", str(tiny), str(aligned), "Q8_0", "--override-kv", "general.alignment=int:64"]) == 0
+    assert main(["quantize", str(tiny), str(ours_types), "Q4_HQQ"]) == 0
     capsys.readouterr()
     for f in (smollm2, aligned):
         for flag in ("--data-offset", "--data-alignment"):
             assert main(["inspect", str(f), flag]) == 0
             assert capsys.readouterr().out.strip() == _gguf_dump(flag, f).strip(), (f, flag)
-        ref = json.loads(_gguf_dump("--json", f))
-        assert main(["inspect", str(f), "--json"]) == 0
-        ours = json.loads(capsys.readouterr().out)
-        assert set(ours["metadata"]) == {k for k in ref["metadata"] if not k.startswith("GGUF.")}
-        assert [t["name"] for t in ours["tensors"]] == list(ref["tensors"])
-        assert main(["inspect", str(f), "--json", "--no-tensors"]) == 0
-        assert "tensors" not in json.loads(capsys.readouterr().out)
+        for flags in ([], ["--json-array"], ["--no-tensors"]):
+            assert main(["inspect", str(f), "--json", *flags]) == 0
+            assert capsys.readouterr().out == _gguf_dump("--json", *flags, f) + "\n", (f, flags)
     assert _gguf_dump("--data-alignment", aligned).strip() == "64"
+    assert main(["inspect", str(ours_types), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    raw = ours_types.read_bytes()
+
+    def name_at(offset: int) -> str:   # a key-value pair and a tensor info both start with their name
+        n = int.from_bytes(raw[offset:offset + 8], "little")
+        return raw[offset + 8:offset + 8 + n].decode()
+
+    assert {t["type"] for t in doc["tensors"].values()} >= {"Q4_HQQ", "F32"}
+    assert all(name_at(t["offset"]) == name for name, t in doc["tensors"].items())
+    keys = {k: v for k, v in doc["metadata"].items() if not k.startswith("GGUF.")}
+    assert "gguftool.type.Q4_HQQ.id" in keys and all(name_at(v["offset"]) == k for k, v in keys.items())
+    assert doc["metadata"]["GGUF.tensor_count"]["value"] == len(doc["tensors"])
 
 
 def test_f16_decoder_is_exact_for_every_pattern():

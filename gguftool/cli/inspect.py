@@ -12,7 +12,7 @@ EXAMPLES = """examples:
   gguftool inspect model.gguf
   gguftool inspect model.gguf --tensors
   gguftool inspect model.gguf --format json | jq .types
-  gguftool inspect model.gguf --json [--no-tensors]           # gguf-dump's flags: metadata and tensors as JSON
+  gguftool inspect model.gguf --json [--json-array] [--no-tensors]   # gguf-dump --json's output, for our types too
   gguftool inspect model-00001-of-00003.gguf --tensors     # a split model: all shards, as llama.cpp loads them
 
 Upstream's gguf-dump and gguf.GGUFReader stop with a traceback on files that use gguftool's types
@@ -28,8 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--tensors", action="store_true", help="list every tensor (name, shape, type, bytes)")
     p.add_argument("--metadata", action="store_true", help="list metadata keys (long arrays abbreviated)")
     p.add_argument("--format", choices=("text", "json"), default="text")
-    g = p.add_argument_group("gguf-dump's spellings (same meaning; gguftool's own output layout)")
-    g.add_argument("--json", action="store_true", help="--format json with the metadata and the tensors")
+    g = p.add_argument_group("gguf-dump's options (the same output, of the file named)")
+    g.add_argument("--json", action="store_true", help="the header, metadata and tensor table in gguf-dump's JSON")
+    g.add_argument("--json-array", action="store_true", help="with --json: the values of arrays too")
     g.add_argument("--no-tensors", action="store_true", help="with --json: leave the tensors out")
     g.add_argument("--data-offset", action="store_true", help="print where this file's tensor data starts")
     g.add_argument("--data-alignment", action="store_true", help="print this file's data alignment")
@@ -71,7 +72,8 @@ def run(args) -> int:
         print(one.data_offset if args.data_offset else one.alignment)
         return 0
     if args.json:
-        args.format, args.metadata, args.tensors = "json", True, not args.no_tensors
+        print(json.dumps(GGUFFile(args.file).dump(args.file, args.json_array, not args.no_tensors)))
+        return 0
     f = open_gguf(args.file)
     info = summarize(f)
     if args.tensors:

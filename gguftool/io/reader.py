@@ -155,6 +155,7 @@ class _Reader(GGUFReader):
             else:
                 data = self.data[offs:offs + n_bytes].reshape(*shape[:-1], ne[0] // t.block_size * t.type_size)
             self.gt_tensors.append(Tensor(name, shape, t, offs, n_bytes, data))
+        self.tensor_info_offsets = [f.offset for f in fields]   # where each tensor's info record starts
         ordered = sorted(self.gt_tensors, key=lambda t: t.offset)
         for a, b in zip(ordered, ordered[1:]):   # llama.cpp lays tensors out one after another
             if b.offset < a.offset + a.n_bytes:
@@ -442,6 +443,26 @@ class GGUFFile(ModelMetadata):
         return main, (GGUFValueType(f.types[-1]) if main == GGUFValueType.ARRAY and len(f.types) > 1 else None)
 
     # -- tensors ---------------------------------------------------------------
+    def dump(self, filename: str, arrays: bool = False, tensors: bool = True) -> dict:
+        """The file as `gguf-dump --json` shows it, key for key (its layout, read for every type, ours too):
+        each header field and key with its index, value type and record offset; arrays' values only with
+        `arrays` (gguf-dump's --json-array); each tensor's GGUF-order shape, type and info-record offset."""
+        r = self._reader
+        metadata = {}
+        for i, f in enumerate(r.fields.values()):
+            entry = metadata[f.name] = {"index": i, "type": f.types[0].name if f.types else "UNKNOWN",
+                                        "offset": f.offset}
+            if f.types[:1] == [GGUFValueType.ARRAY]:
+                entry["array_types"] = [t.name for t in f.types][1:]
+                if not arrays:
+                    continue
+            entry["value"] = _field_value(f)
+        out = {"filename": filename, "endian": r.endianess.name, "metadata": metadata, "tensors": {}}
+        if tensors:
+            out["tensors"] = {t.name: {"index": i, "shape": list(reversed(t.shape)), "type": t.type.name, "offset": o}
+                              for i, (t, o) in enumerate(zip(self.tensors, r.tensor_info_offsets))}
+        return out
+
     def tensor(self, name: str) -> Tensor:
         try:
             return self._by_name[name]
