@@ -442,7 +442,6 @@ class GGUFFile(ModelMetadata):
         main = GGUFValueType(f.types[0])
         return main, (GGUFValueType(f.types[-1]) if main == GGUFValueType.ARRAY and len(f.types) > 1 else None)
 
-    # -- tensors ---------------------------------------------------------------
     def dump(self, filename: str, arrays: bool = False, tensors: bool = True) -> dict:
         """The file as `gguf-dump --json` shows it, key for key (its layout, read for every type, ours too):
         each header field and key with its index, value type and record offset; arrays' values only with
@@ -463,6 +462,7 @@ class GGUFFile(ModelMetadata):
                               for i, (t, o) in enumerate(zip(self.tensors, r.tensor_info_offsets))}
         return out
 
+    # -- tensors ---------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
         try:
             return self._by_name[name]
