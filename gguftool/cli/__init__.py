@@ -18,8 +18,8 @@ from ..errors import GgufToolError
 from .args import Parser
 
 # noun -> module under gguftool.cli exposing add_parser(subparsers)
-COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_calibrate", "imatrix", "native",
-            "validate")
+COMMANDS = ("inspect", "quantize", "convert", "hub", "recipes", "kv_plan", "kv_calibrate", "imatrix", "sensitivity",
+            "native", "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:

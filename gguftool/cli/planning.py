@@ -179,7 +179,8 @@ def check_overrides(overrides: dict[str, tuple[object, GGUFValueType]], arch: st
 
 def side_inputs(args) -> list[Path]:
     """Files the run reads besides the model: never an output."""
-    return [p for p in (args.imatrix, getattr(args, "tensor_type_file", None)) if p is not None]
+    return [p for p in (args.imatrix, getattr(args, "tensor_type_file", None), getattr(args, "sensitivity", None))
+            if p is not None]
 
 
 def load_imatrix(args):

@@ -43,6 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target-bpw", type=float, metavar="X",
                    help="choose per-tensor types from the recipe's allowed set to meet X bits per weight")
     p.add_argument("--target-size", metavar="SIZE", help="like --target-bpw, for a file size such as 1.0GB")
+    p.add_argument("--sensitivity", type=Path, metavar="FILE",
+                   help="with a target: weight each tensor by its measured KLD (from `gguftool sensitivity`)")
     add_plan_args(p)
     s = p.add_argument_group("split output (llama-gguf-split's shards; llama.cpp loads the first)")
     s.add_argument("--split-max-size", metavar="N[M|G]",
@@ -96,14 +98,19 @@ def fit_budget(args):
         if whole and recipe is not None and recipe.kv_calibrate and not args.no_kv_calibrate:
             budget -= calibration_bytes(src, args.output.name)   # kv-calibrate adds its keys to the file afterwards
         allowed = allowed_types(plan, opts, recipe)
-        fit = search(src, plan, allowed, budget, params, imatrix=imatrix, file_bytes=file_bytes if whole else None)
+        sens = None
+        if args.sensitivity is not None:
+            from ..pipeline.sensitivity import load
+            sens = load(args.sensitivity, src)
+        fit = search(src, plan, allowed, budget, params, imatrix=imatrix, file_bytes=file_bytes if whole else None,
+                     sensitivity=sens)
         uni = fit.best_uniform
         what = f"--target-size {args.target_size}" if whole else f"--target-bpw {args.target_bpw:g}"
         against = f"; the best uniform plan that fits, {uni[0]}, scores {uni[2]:.4g}" if uni else \
             "; no uniform plan fits"
-        print(f"note: {what}: {fit.chosen} of {', '.join(allowed)}"
-              f"{' with the importance matrix' if imatrix is not None else ''}, estimated error {fit.objective:.4g}"
-              f"{against}", file=sys.stderr)
+        by = [w for w, on in (("the importance matrix", imatrix is not None), ("measured sensitivity", sens)) if on]
+        print(f"note: {what}: {fit.chosen} of {', '.join(allowed)}{' with ' + ' and '.join(by) if by else ''}, "
+              f"estimated {'KLD' if sens else 'error'} {fit.objective:.4g}{against}", file=sys.stderr)
         return fit.plan
     return refine
 
@@ -128,6 +135,8 @@ def split_spec(args) -> SplitSpec | None:
 
 
 def run(args) -> int:
+    if args.sensitivity is not None and args.target_bpw is None and args.target_size is None:
+        raise GgufToolError("--sensitivity weights size targeting: give --target-bpw or --target-size with it")
     done = requantize(args, args.input, args.output, refine=fit_budget(args), split=split_spec(args))
     if done:
         plan, _, paths = done

@@ -14,7 +14,9 @@ output will be. The relative error makes tensors of different scale comparable (
 weights is not "cheap" because its squared error is small) and does not grow with a tensor's size (a
 big tensor's output is one signal, like a small one's). The sum over tensors is weighted by role: the
 output projection (or a tied token_embd) writes the logits directly, so its noise is weighted as much as
-one matmul in every block together (ROLE_WEIGHT); every other matmul counts 1.
+one matmul in every block together (ROLE_WEIGHT); every other matmul counts 1. With a measured sensitivity
+(pipeline/sensitivity.py: each tensor's KLD when it alone is quantized) each tensor's error is weighted by
+its own KLD per unit of relative error instead, and the objective estimates the plan's KLD.
 
 The search. Starting from the smallest type everywhere, the upgrade that removes the most objective
 per extra byte is applied until the next would exceed the budget (the greedy solution of the
@@ -109,28 +111,39 @@ class Fit:
 
 
 def fit(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None, *,
-        imatrix=None, file_bytes: Callable[[Plan], int] | None = None) -> Plan:
+        imatrix=None, file_bytes: Callable[[Plan], int] | None = None, sensitivity=None) -> Plan:
     """`plan` with its quantizable tensors' types chosen from `allowed` to meet `budget_bytes` (tensor data,
     or with file_bytes(plan) -> bytes, the whole file) with the least objective; see search()."""
-    return search(src, plan, allowed, budget_bytes, params, imatrix=imatrix, file_bytes=file_bytes).plan
+    return search(src, plan, allowed, budget_bytes, params, imatrix=imatrix, file_bytes=file_bytes,
+                  sensitivity=sensitivity).plan
 
 
 def search(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None, *,
-           imatrix=None, file_bytes: Callable[[Plan], int] | None = None) -> Fit:
+           imatrix=None, file_bytes: Callable[[Plan], int] | None = None, sensitivity=None) -> Fit:
+    """sensitivity: a pipeline.sensitivity.Sensitivity (measured KLD per tensor) to weight each tensor's error by,
+    in place of its role's weight."""
     params = params or {}
     if not allowed:
         raise GgufToolError("size targeting needs a set of allowed types", hint="use a recipe with `allowed = [...]`")
     free = [s for s in plan.steps if s.quantizable]
     fixed_bytes = sum(s.out_bytes for s in plan.steps if not s.quantizable)
-    table = []   # per free step: {type: (bytes, weighted error)}
+    errors = []
     for s in free:
         names = list(dict.fromkeys([*allowed, s.out_type.name]))   # also the planned type: the plan is a candidate
-        w = role_weight(s.tensor.name, src)
-        err = measure(src, s, names, params, importance(imatrix, s.tensor) if imatrix is not None else None)
+        probe = [sensitivity.probe] if sensitivity is not None else []
+        err = measure(src, s, list(dict.fromkeys(names + probe)), params,
+                      importance(imatrix, s.tensor) if imatrix is not None else None)
         if not any(n in err for n in allowed):
             raise GgufToolError(f"tensor {s.tensor.name!r}: no allowed type ({', '.join(allowed)}) fits its rows of "
                                 f"{s.tensor.n_per_row} and holds its values")
-        table.append({n: (_bytes(s, n), w * e) for n, e in err.items()})
+        errors.append(err)
+    if sensitivity is None:
+        weight = {s.tensor.name: role_weight(s.tensor.name, src) for s in free}
+    else:   # KLD per unit of relative error, measured: the objective estimates the plan's KLD
+        from .sensitivity import weights
+        weight = weights(sensitivity, {s.tensor.name: e.get(sensitivity.probe, 0.0) for s, e in zip(free, errors)})
+    table = [{n: (_bytes(s, n), weight[s.tensor.name] * e) for n, e in err.items() if n in allowed or n == s.out_type.name}
+             for s, err in zip(free, errors)]   # per free step: {type: (bytes, weighted error)}
     data_budget = budget_bytes
     if file_bytes is not None:   # the whole file: what the tensors may take is the target less the rest
         data_budget = budget_bytes - (file_bytes(plan) - plan.out_bytes)

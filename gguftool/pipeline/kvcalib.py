@@ -323,24 +323,25 @@ def layer_plans(model: Path, *, k: str | None, v: str | None) -> dict[str, Layer
     return {side: dataclasses.replace(p, side=side) if isinstance(p, AutoPlan) else p for side, p in out.items()}
 
 
-def _kld(model: Path, text: Path, ref: Path, k: str, v: str, *, chunks: int, ctx: int, threads: int,
-         env: dict[str, str] | None = None, make_ref: bool = False) -> float:
-    """Mean KLD of a K/V cache against `ref`'s f16-cache logits (written when make_ref)."""
+def kld(model: Path, text: Path, ref: Path, k: str, v: str, *, chunks: int, ctx: int, threads: int,
+        env: dict[str, str] | None = None, make_ref: bool = False) -> dict:
+    """llama-perplexity of a K/V cache against `ref`'s logits (written when make_ref): parse_kld's summary
+    (mean KLD, PPL, ...), or with make_ref parse_ppl's."""
     import os
 
     from ..native import tools
-    from ..validate.metrics import parse_kld
+    from ..validate.metrics import parse_kld, parse_ppl
     cmd = [str(tools.tool("llama-perplexity")), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx),
            "--chunks", str(chunks), "-t", str(threads), "-fa", "on", "-ctk", k, "-ctv", v, "--kl-divergence-base", str(ref)]
     if not make_ref:
         cmd.append("--kl-divergence")
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GGUFTOOL_KV_LAYERS_K": "off",
                                                                  "GGUFTOOL_KV_LAYERS_V": "off", **(env or {})})
-    got = None if make_ref or r.returncode else parse_kld(r.stdout + r.stderr)
-    if r.returncode or (not make_ref and got is None):
+    got = None if r.returncode else (parse_ppl if make_ref else parse_kld)(r.stdout + r.stderr)
+    if got is None:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
         raise GgufToolError(f"llama-perplexity failed on {model} with -ctk {k} -ctv {v}: {' | '.join(tail)}")
-    return got["kld"] if got else 0.0
+    return got
 
 
 def choose_layers(model: Path, text: Path, want: AutoPlan, *, chunks: int, ctx: int, threads: int,
@@ -365,14 +366,14 @@ def choose_layers(model: Path, text: Path, want: AutoPlan, *, chunks: int, ctx: 
     with tempfile.TemporaryDirectory(prefix="gguftool-kvplan-") as tmp, \
             bar(len(spans) + 2, f"kv-calibrate: {want.side.upper()} layers for {want.up}", unit="run") as pb:
         ref = Path(tmp) / "f16.kld"
-        _kld(model, text, ref, "f16", "f16", make_ref=True, **kw)
+        kld(model, text, ref, "f16", "f16", make_ref=True, **kw)
         pb.update()
-        none = _kld(model, text, ref, want.base, want.base, **kw)
+        none = kld(model, text, ref, want.base, want.base, **kw)["kld"]
         pb.update()
         gain = {}
         for lo, hi in spans:
-            gain[(lo, hi)] = (none - _kld(model, text, ref, want.base, want.base, env={var: f"{lo}-{hi}:{want.up}"}, **kw)) \
-                / (hi - lo + 1)
+            up = kld(model, text, ref, want.base, want.base, env={var: f"{lo}-{hi}:{want.up}"}, **kw)["kld"]
+            gain[(lo, hi)] = (none - up) / (hi - lo + 1)
             pb.update()
 
     def bits(layers: list[int], ctx: int | None = None) -> float:
