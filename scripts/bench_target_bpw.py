@@ -7,6 +7,7 @@ the same text against the source model's own logits (the highest precision avail
   target X         --recipe (allowed = --allowed, pure Q4_HQQ base) --target-bpw X
   target X +imat   the same with --imatrix (made by `gguftool imatrix` on the packaged Pride and Prejudice,
                    so the calibration text is not the scoring text)
+  target X +sens   the same with --sensitivity (`gguftool sensitivity`, also on Pride and Prejudice)
 
     python scripts/bench_target_bpw.py --model gemma --text /work/shared/data/emma.txt --chunks 20 \\
         --targets 4.5,5.0,5.5 --uniform Q4_HQQ_128,Q4_HQQ --json out/target_bpw_gemma.json
@@ -91,6 +92,9 @@ def main() -> int:
     ap.add_argument("--imatrix", choices=("yes", "no", "only"), default="yes",
                     help="also (or only) the targets with an importance matrix")
     ap.add_argument("--imatrix-chunks", type=int, default=16)
+    ap.add_argument("--sensitivity", choices=("yes", "no", "only"), default="no",
+                    help="also (or only) the targets weighted by `gguftool sensitivity` (one llama-perplexity run per "
+                         "tensor on the packaged Pride and Prejudice: ~20 min for SmolLM2; kept in --work)")
     ap.add_argument("--work", default="out/target_bpw")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -123,14 +127,20 @@ def main() -> int:
     targets = [float(x) for x in a.targets.split(",")]
     for t in a.uniform.split(","):
         configs.append((f"uniform {t}", [t, "--pure"]))
-    for x in targets:
-        if a.imatrix != "only":
-            configs.append((f"target {x:g}", ["--recipe", recipe, "--target-bpw", x]))
-    for x in targets:
-        if a.imatrix != "no":
-            configs.append((f"target {x:g} +imat", ["--recipe", recipe, "--target-bpw", x, "--imatrix", imatrix]))
+    sens = work / f"{stem}.sensitivity.json"
+    for with_sens in (False, True):
+        if (a.sensitivity, with_sens) in (("no", True), ("only", False)):
+            continue
+        for with_imat in (False, True):
+            if (a.imatrix, with_imat) in (("no", True), ("only", False)):
+                continue
+            extra = [*(["--imatrix", imatrix] if with_imat else []), *(["--sensitivity", sens] if with_sens else [])]
+            tag = " +imat" * with_imat + " +sens" * with_sens
+            configs += [(f"target {x:g}{tag}", ["--recipe", recipe, "--target-bpw", x, *extra]) for x in targets]
     if a.imatrix != "no" and not imatrix.exists():
         gguftool("imatrix", src, "-o", imatrix, "--chunks", a.imatrix_chunks, "-t", a.threads)
+    if a.sensitivity != "no" and not sens.exists():
+        gguftool("sensitivity", src, "-o", sens, "-t", a.threads)
     for name, args in configs:
         if name in res["rows"]:
             continue

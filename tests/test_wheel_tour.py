@@ -128,6 +128,13 @@ def test_readme_tour_after_a_plain_install(installed, smollm2, minilm_dir, tmp_p
     ours, default = GGUFFile(work / "mine.imatrix.gguf"), GGUFFile(work / "smol.imatrix.gguf")
     name = next(t.name for t in default.tensors if t.name.endswith(".in_sum2"))
     assert not np.array_equal(ours.tensor(name).data, default.tensor(name).data)   # another text, other sums
+    gt("sensitivity", smollm2, "-o", "smol.sensitivity.json", "--tensors", r"blk\.1[01]\.ffn_down", "--chunks", "1",
+       "--ctx", "256")
+    sens = json.loads((work / "smol.sensitivity.json").read_text())
+    assert set(sens["kld"]) == {"blk.10.ffn_down.weight", "blk.11.ffn_down.weight"} and min(sens["kld"].values()) > 0
+    sized = json.loads(gt("quantize", smollm2, "sized.gguf", "--recipe", "phone-small", "--target-bpw", "5",
+                          "--sensitivity", "smol.sensitivity.json", "--allow-requantize", "--dry-run", "--format", "json"))
+    assert sized["bits_per_weight"] <= 5 and not (work / "sized.gguf").exists()
     gt("quantize", smollm2, "q4km.gguf", "Q4_K_M", "--allow-requantize", "--imatrix", "smol.imatrix.gguf")
     km = GGUFFile(work / "q4km.gguf")
     assert {"Q4_K", "Q6_K"} <= {t.type.name for t in km.tensors} and km.get("quantize.imatrix.entries_count") > 100
