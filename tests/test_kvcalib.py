@@ -231,9 +231,9 @@ def test_kv_calibrate_chooses_the_layers_it_measured_best(smollm2, tmp_path, cap
     ref = tmp_path / "f16.kld"
     text = Path(kvcalib.__file__).parent.parent / "data" / "pride_and_prejudice.txt"
     kw = dict(chunks=2, ctx=256, threads=2)
-    kvcalib._kld(out, text, ref, "f16", "f16", make_ref=True, **kw)
+    kvcalib.kld(out, text, ref, "f16", "f16", make_ref=True, **kw)
     # an empty variable is unset: the file's plan applies (the helper turns both plans off otherwise)
-    planned = kvcalib._kld(out, text, ref, "tq3_2", "tq3_2", env={"GGUFTOOL_KV_LAYERS_K": ""}, **kw)
+    planned = kvcalib.kld(out, text, ref, "tq3_2", "tq3_2", env={"GGUFTOOL_KV_LAYERS_K": ""}, **kw)["kld"]
     assert planned < plan["search"]["kld_uniform"], (planned, plan["search"])
 
 
@@ -253,8 +253,8 @@ def test_auto_plan_keeps_its_bit_budget_at_the_trained_context(gemma, smollm2, m
     def fake_kld(model, text, ref, k, v, *, env=None, make_ref=False, **kw):
         group = (env or {}).get("GGUFTOOL_KV_LAYERS_K", "").partition(":")[0]
         n = int(group.split("-")[1]) - int(group.split("-")[0]) + 1 if group else 0
-        return 0.1 - n * gain.get(group, 0.0)
-    monkeypatch.setattr(kvcalib, "_kld", fake_kld)
+        return {"kld": 0.1 - n * gain.get(group, 0.0)}
+    monkeypatch.setattr(kvcalib, "kld", fake_kld)
     want = kvcalib.AutoPlan("k", "tq3_2", "iq4_nl", 7)
     got, report = kvcalib.choose_layers(gemma, gemma, want, chunks=1, ctx=256, threads=1)
     # 3, 4, 5 (one full-context layer: 29% of the cache at 32k), 11 skipped (a second would be 58% > 7/18),
