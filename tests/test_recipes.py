@@ -1,6 +1,7 @@
 """Recipes (declarative plans) and size-targeted planning."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,29 @@ def test_budget_meets_target_and_beats_uniform_error(tmp_path, rng):
     assert fit.objective < _objective(src, uniform["Q5_0"])
     with pytest.raises(GgufToolError, match="below the smallest plan"):
         budget.fit(src, base, allowed, 1000)
+
+
+def test_a_uniform_plan_just_over_the_budget_is_named_with_the_target_that_takes_it(tmp_path, rng, capsys):
+    """A budget one byte under uniform Q5_0 forces a tensor down; the note names uniform Q5_0 and the
+    --target-bpw that holds it, and that target then gives uniform Q5_0."""
+    path = tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512, n_vocab=128)
+    src = GGUFFile(path)
+    base = planning.make_plan(src, planning.Options(target="Q4_0", pure=True))
+    q5 = planning.make_plan(src, planning.Options(target="Q5_0", pure=True)).out_bytes
+    fit = budget.search(src, base, ["Q4_0", "Q5_0", "Q8_0"], q5 - 1)
+    assert fit.plan.out_bytes < q5 and fit.near_uniform()[0] == "uniform Q5_0"
+    assert fit.near_uniform()[2] < fit.objective and budget.search(src, base, ["Q4_0", "Q5_0"], q5).near_uniform() is None
+    r = _recipe(tmp_path, ["Q4_0", "Q5_0", "Q8_0"])
+    bpw = (q5 - 1) * 8 / base.n_params
+    assert main(["quantize", str(path), str(tmp_path / "o.gguf"), "--recipe", str(r), "--target-bpw", f"{bpw:.6f}",
+                 "-t", "1"]) == 0
+    take = re.search(r"uniform Q5_0, [0-9.e-]+% over the budget, scores [0-9.e-]+ \(--target-bpw ([0-9.]+) takes it\)",
+                     capsys.readouterr().err)
+    assert take, "no hint"
+    assert main(["quantize", str(path), str(tmp_path / "u.gguf"), "--recipe", str(r), "--target-bpw", take[1],
+                 "-t", "1"]) == 0
+    assert "fits, uniform Q5_0" in capsys.readouterr().err
+    assert {t.type.name for t in GGUFFile(tmp_path / "u.gguf").tensors if len(t.shape) == 2} == {"Q5_0"}
 
 
 def _outlier_pair(path, rng):

@@ -1,6 +1,7 @@
 """gguftool quantize: requantize a GGUF file, llama-quantize style, to standard or gguftool types."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def fit_budget(args):
     """--target-bpw / --target-size: per-tensor types from the recipe's allowed set (or TYPE and the plan's types)
     to meet it, never worse by the objective than the best uniform plan that fits (pipeline/budget.py)."""
     def refine(src, plan, opts, params, recipe, imatrix=None, file_bytes=None):
-        budget = budget_bytes(args, plan.n_params)
+        budget = target = budget_bytes(args, plan.n_params)
         if budget is None:
             return plan
         from ..pipeline.budget import calibration_bytes, search
@@ -108,6 +109,12 @@ def fit_budget(args):
         what = f"--target-size {args.target_size}" if whole else f"--target-bpw {args.target_bpw:g}"
         against = f"; the best uniform plan that fits, {uni[0]}, scores {uni[2]:.4g}" if uni else \
             "; no uniform plan fits"
+        near = fit.near_uniform()
+        if near:
+            over = near[1] - fit.data_budget
+            take = f"--target-size of about {target + over}" if whole else \
+                f"--target-bpw {math.ceil(near[1] * 8000 / plan.n_params) / 1000:g}"   # padding varies by plan
+            against += f"; {near[0]}, {100 * over / fit.data_budget:.2g}% over the budget, scores {near[2]:.4g} ({take} takes it)"
         by = [w for w, on in (("the importance matrix", imatrix is not None), ("measured sensitivity", sens)) if on]
         print(f"note: {what}: {fit.chosen} of {', '.join(allowed)}{' with ' + ' and '.join(by) if by else ''}, "
               f"estimated {'KLD' if sens else 'error'} {fit.objective:.4g}{against}", file=sys.stderr)

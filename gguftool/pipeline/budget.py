@@ -109,6 +109,14 @@ class Fit:
         fits = [(o, n, b) for n, (b, o) in self.candidates.items() if n.startswith("uniform") and b <= self.data_budget]
         return (min(fits)[1], *self.candidates[min(fits)[1]]) if fits else None
 
+    def near_uniform(self, margin: float = 0.005) -> tuple[str, int, float] | None:
+        """(name, bytes, objective) of the best uniform plan that does not fit but is at most `margin` over the
+        budget and scores below the choice: a budget a hair under a uniform plan (its F32 norms put uniform
+        Q4_HQQ at 5.006 bpw) forces a loss the user may not want."""
+        near = [(o, n, b) for n, (b, o) in self.candidates.items() if n.startswith("uniform")
+                and self.data_budget < b <= self.data_budget * (1 + margin) and o < self.objective]
+        return (min(near)[1], *self.candidates[min(near)[1]]) if near else None
+
 
 def fit(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None, *,
         imatrix=None, file_bytes: Callable[[Plan], int] | None = None, sensitivity=None) -> Plan:
