@@ -22,6 +22,7 @@ if [[ "${1:-}" != "--no-native" ]]; then
     command -v g++ >/dev/null || need+=(g++)
     command -v clang >/dev/null || need+=(clang)   # the kernels must give the same bits under clang (Android NDK)
     command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+    command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)   # validate --build-arm64
     command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
     if ((${#need[@]})); then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null \
