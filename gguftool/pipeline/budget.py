@@ -103,19 +103,22 @@ class Fit:
     data_budget: int                               # bytes of tensor data allowed
     candidates: dict[str, tuple[int, float]] = field(default_factory=dict)   # name -> (tensor bytes, objective)
 
+    def _best_uniform(self, keep) -> tuple[str, int, float] | None:
+        """(name, bytes, objective) of the lowest-scoring uniform candidate whose (bytes, objective) `keep` takes."""
+        got = [(o, n) for n, (b, o) in self.candidates.items() if n.startswith("uniform") and keep(b, o)]
+        return (min(got)[1], *self.candidates[min(got)[1]]) if got else None
+
     @property
     def best_uniform(self) -> tuple[str, int, float] | None:
-        """(name, bytes, objective) of the best uniform plan that fits, if any."""
-        fits = [(o, n, b) for n, (b, o) in self.candidates.items() if n.startswith("uniform") and b <= self.data_budget]
-        return (min(fits)[1], *self.candidates[min(fits)[1]]) if fits else None
+        """The best uniform plan that fits, if any."""
+        return self._best_uniform(lambda b, o: b <= self.data_budget)
 
     def near_uniform(self, margin: float = 0.005) -> tuple[str, int, float] | None:
-        """(name, bytes, objective) of the best uniform plan that does not fit but is at most `margin` over the
-        budget and scores below the choice: a budget a hair under a uniform plan (its F32 norms put uniform
-        Q4_HQQ at 5.006 bpw) forces a loss the user may not want."""
-        near = [(o, n, b) for n, (b, o) in self.candidates.items() if n.startswith("uniform")
-                and self.data_budget < b <= self.data_budget * (1 + margin) and o < self.objective]
-        return (min(near)[1], *self.candidates[min(near)[1]]) if near else None
+        """The best uniform plan that does not fit but is at most `margin` over the budget and scores below the
+        choice: a budget a hair under a uniform plan (its F32 norms put uniform Q4_HQQ at 5.006 bpw) forces a
+        loss the user may not want."""
+        return self._best_uniform(lambda b, o: self.data_budget < b <= self.data_budget * (1 + margin)
+                                  and o < self.objective)
 
 
 def fit(src: ModelSource, plan: Plan, allowed: list[str], budget_bytes: int, params: dict | None = None, *,
