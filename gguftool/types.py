@@ -118,7 +118,10 @@ RETIRED_IDS = {t.id: t for t in RETIRED}
 STOCK_PRODUCIBLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 # Stock types only ggml's own C quantizers write (through the native build's library, gguftool/native/ggml_lib.py).
 NATIVE_STOCK = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-                "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+                "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0", "Q2_0")
+# Upstream types of the pinned ggml that the installed gguf package does not know yet: name -> (id, values and
+# bytes per block), from ggml-common.h (a test reads them there). gguf's own entry wins once it has one.
+UPSTREAM_UNKNOWN_TO_GGUF = {"Q2_0": (42, 64, 18)}
 PRODUCIBLE = STOCK_PRODUCIBLE + NATIVE_STOCK + tuple(BY_NAME)
 # Stock layouts the HQQ solver can also fill (x = d*q + m, Q4_HQQ's math): name -> bits per code.
 HQQ_STOCK_TARGETS = {"Q4_1": 4, "Q5_1": 5}
@@ -151,34 +154,49 @@ def lookup(name_or_id: str | int) -> CustomType | None:
 
 
 def stock(name: str) -> TensorType:
-    """An upstream type by name, sized by the installed gguf package."""
+    """An upstream type by name, sized by the installed gguf package (or, where it lacks the type, by the
+    pinned ggml: UPSTREAM_UNKNOWN_TO_GGUF)."""
     import gguf
 
-    t = gguf.GGMLQuantizationType[name]
+    try:
+        t = gguf.GGMLQuantizationType[name]
+    except KeyError:
+        if name not in UPSTREAM_UNKNOWN_TO_GGUF:
+            raise
+        return TensorType(name, *UPSTREAM_UNKNOWN_TO_GGUF[name])
     block, size = gguf.GGML_QUANT_SIZES[t]
     return TensorType(t.name, int(t), block, size)
 
 
-def tensor_type(type_id: int, where: str = "") -> TensorType:
-    """The type behind a GGUF type id, or a clear error for ids we cannot read."""
+def upstream_name(type_id: int) -> str | None:
+    """The name of upstream ggml type `type_id`, as far as the installed gguf package and the pinned ggml know."""
     import gguf
 
+    try:
+        return gguf.GGMLQuantizationType(type_id).name
+    except ValueError:
+        return next((n for n, (i, _, _) in UPSTREAM_UNKNOWN_TO_GGUF.items() if i == type_id), None)
+
+
+def tensor_type(type_id: int, where: str = "") -> TensorType:
+    """The type behind a GGUF type id, or a clear error for ids we cannot read."""
     custom = lookup(type_id)
     if custom is not None:
         return custom
-    try:
-        return stock(gguf.GGMLQuantizationType(type_id).name)
-    except ValueError:
-        if type_id in RETIRED_IDS:
-            problem = f"type id {type_id} is the retired gguftool type {RETIRED_IDS[type_id].name}"
-        elif type_id in GGUFTOOL_ID_RANGE:
-            problem = f"type id {type_id} is in gguftool's range but unknown to this version (written by a newer gguftool?)"
-        elif type_id < UPSTREAM_TYPE_COUNT:
-            problem = f"type id {type_id} is an upstream ggml type that the installed gguf package does not know"
-        else:
-            problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
-        raise GgufToolError(f"{where}{problem}",
-                            hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it") from None
+    name = upstream_name(type_id)
+    if name is not None:
+        return stock(name)
+    if type_id in RETIRED_IDS:
+        problem = f"type id {type_id} is the retired gguftool type {RETIRED_IDS[type_id].name}"
+    elif type_id in GGUFTOOL_ID_RANGE:
+        problem = f"type id {type_id} is in gguftool's range but unknown to this version (written by a newer gguftool?)"
+    elif type_id < UPSTREAM_TYPE_COUNT:
+        problem = (f"type id {type_id} is an upstream ggml id that neither the installed gguf package nor the "
+                   "pinned ggml knows (a type ggml removed, or one newer than the pin)")
+    else:
+        problem = f"unknown tensor type id {type_id} (not upstream ggml, not gguftool: a fork's private type?)"
+    raise GgufToolError(f"{where}{problem}",
+                        hint="upgrade gguf/gguftool, or requantize the file with the tool that wrote it")
 
 
 def collisions(upstream_ids: dict[str, int] | None = None) -> list[str]:

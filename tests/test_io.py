@@ -32,7 +32,27 @@ def _write_custom(path, tensors):
 
 def _type_id(name):
     t = types.lookup(name)
-    return t.id if t else int(GGMLQuantizationType[name])
+    return t.id if t else types.stock(name).id
+
+
+def test_q1_0_and_q2_0_read_without_the_native_build(tmp_path, rng, monkeypatch):
+    """Upstream's 1- and 2-bit types (Q2_0 unknown to the gguf package, Q1_0 unknown to gguf.quants) read back
+    by gguftool's numpy twins: blocks built here from codes, decoded as ggml-common.h defines the layout."""
+    from gguftool.quant import codec, standard
+    monkeypatch.setattr(standard, "_ggml_available", lambda: False)
+    d = np.float16(0.375)
+    bits = rng.integers(0, 2, (2, 256)).astype(np.uint8)             # Q1_0: 128 values a block, bit j of the
+    q1 = np.concatenate([np.full((2, 2, 1), d).view(np.uint8).reshape(2, 2, 2),   # block: +d if set, else -d
+                         np.packbits(bits.reshape(2, 2, 128), axis=2, bitorder="little")], axis=2).reshape(2, 36)
+    codes = rng.integers(0, 4, (2, 128)).astype(np.uint8)            # Q2_0: 64 values, 4 codes a byte, low first
+    packed = (codes.reshape(2, 2, 16, 4) << np.array([0, 2, 4, 6], np.uint8)).sum(axis=3, dtype=np.uint8)
+    q2 = np.concatenate([np.full((2, 2, 1), d).view(np.uint8).reshape(2, 2, 2), packed], axis=2).reshape(2, 36)
+    path = _write_custom(tmp_path / "low.gguf", {"a": ((2, 256), "Q1_0", q1), "b": ((2, 128), "Q2_0", q2)})
+    f = GGUFFile(path)
+    a, b = f.tensor("a"), f.tensor("b")
+    assert (a.type.name, a.type.id, b.type.name, b.type.id) == ("Q1_0", 41, "Q2_0", 42)
+    np.testing.assert_array_equal(codec("Q1_0").dequantize(a.raw_rows()), np.where(bits, 0.375, -0.375))
+    np.testing.assert_array_equal(codec("Q2_0").dequantize(b.raw_rows()), (codes.astype(np.float32) - 1) * 0.375)
 
 
 def test_round_trip_every_tensor_and_key(tmp_path, rng):
@@ -169,7 +189,7 @@ def _ti_type_offset(f: GGUFFile, name: str) -> int:
     ("truncated_data", "runs past the end"),
     ("unknown_type", "unknown tensor type id 77777"),
     ("gguftool_future_type", "in gguftool's range but unknown"),
-    ("upstream_unknown", "upstream ggml type that the installed gguf package does not know"),
+    ("upstream_unknown", "upstream ggml id that neither the installed gguf package nor the pinned ggml knows"),
     ("empty", "too short"),
 ])
 def test_bad_files_give_clear_errors(tmp_path, rng, case, expect):
@@ -183,7 +203,7 @@ def test_bad_files_give_clear_errors(tmp_path, rng, case, expect):
         elif case == "empty":
             del data[10:]
         else:
-            type_id = {"unknown_type": 77777, "gguftool_future_type": 530, "upstream_unknown": 42}[case]
+            type_id = {"unknown_type": 77777, "gguftool_future_type": 530, "upstream_unknown": 31}[case]   # 31: Q4_0_4_4, removed
             struct.pack_into("<I", data, _ti_type_offset(f, "output.weight"), type_id)
     bad = _corrupt(tmp_path, rng, mutate)
     before = bad.read_bytes()

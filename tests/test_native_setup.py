@@ -113,6 +113,33 @@ def test_our_ids_do_not_collide_with_pinned_ggml(pinned_sdist):
 
 
 @pytest.mark.native
+def test_types_the_gguf_package_lacks_are_the_pinned_ggmls(pinned_sdist):
+    """gguftool's entries for upstream types and file types that gguf does not know yet (Q2_0): the id, block
+    and bytes of ggml.h / ggml-common.h, the llama_ftype of llama.h, and gguf's own numbers where it has them."""
+    import gguf
+
+    from gguftool.pipeline import llama_mix
+    texts = source.read_pristine(["ggml/include/ggml.h", "ggml/src/ggml-common.h", "include/llama.h"])
+    upstream = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*GGML_TYPE_(\w+)\s*=\s*(\d+)",
+                                                                  texts["ggml/include/ggml.h"], re.M)}
+    assert gtypes.UPSTREAM_UNKNOWN_TO_GGUF
+    for name, (tid, block, size) in gtypes.UPSTREAM_UNKNOWN_TO_GGUF.items():
+        common = texts["ggml/src/ggml-common.h"]
+        qk = int(re.search(rf"#define QK{name[1:]} (\d+)", common).group(1))
+        expr = re.search(rf"sizeof\(block_{name.lower()}\) == (.+?), \"", common).group(1)
+        assert (upstream[name], qk, eval(expr, {"sizeof": lambda _: 2, "ggml_half": 0, f"QK{name[1:]}": qk})) \
+            == (tid, block, size)
+        assert gtypes.tensor_type(tid) == gtypes.TensorType(name, tid, block, size)
+        if name in gguf.GGMLQuantizationType.__members__:   # gguf caught up: its numbers must agree
+            assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (block, size)
+    ftypes = {m.group(1): int(m.group(2)) for m in re.finditer(r"LLAMA_FTYPE_MOSTLY_(\w+)\s*=\s*(\d+)",
+                                                               texts["include/llama.h"])}
+    for name in llama_mix.FTYPES:
+        if name != "F32":
+            assert llama_mix.file_type_id(name) == ftypes[name], name
+
+
+@pytest.mark.native
 def test_llama_quantize_keeps_every_upstream_type_and_adds_ours(pinned_sdist):
     """llama-quantize's QUANT_OPTIONS after the integration: upstream's names in upstream's order (an anchored
     edit must remove none) plus ours; and gguftool knows every upstream one as a target, save COPY and the
@@ -133,7 +160,7 @@ def test_llama_quantize_keeps_every_upstream_type_and_adds_ours(pinned_sdist):
     assert len(upstream) >= 30
     assert [n for n in names(edited) if n not in ours] == upstream
     assert set(ours) <= set(names(edited))
-    missing = set(upstream) - set(llama_mix.FTYPES) - set(llama_mix.ALIASES) - {"COPY", "Q1_0", "Q2_0"}
+    missing = set(upstream) - set(llama_mix.FTYPES) - set(llama_mix.ALIASES) - {"COPY"}
     assert not missing, missing
 
 

@@ -12,9 +12,15 @@ from functools import lru_cache
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .. import types
 from ..errors import GgufToolError
 
 _F32P = ctypes.POINTER(ctypes.c_float)
+GgmlType = GGMLQuantizationType | types.TensorType   # a TensorType for the types gguf lacks (UPSTREAM_UNKNOWN_TO_GGUF)
+
+
+def _id(t: GgmlType) -> int:
+    return t.id if isinstance(t, types.TensorType) else t.value
 
 
 @lru_cache(maxsize=1)
@@ -35,10 +41,12 @@ def library() -> ctypes.CDLL:
     lib.gqt_ggml_quantize.argtypes = [ctypes.c_int, _F32P, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, _F32P]
     lib.gqt_ggml_validate.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
     lib.gqt_ggml_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, _F32P, ctypes.c_int64, ctypes.c_int64]
-    for t in GGMLQuantizationType:
-        name = lib.gqt_ggml_type_name(t.value).decode()
-        if name and name.upper() != t.name:
-            raise GgufToolError(f"{path}: ggml type {t.value} is {name!r} there but {t.name} in the gguf package",
+    known = [(t.value, t.name, "the gguf package") for t in GGMLQuantizationType]
+    known += [(i, n, "gguftool's table") for n, (i, _, _) in types.UPSTREAM_UNKNOWN_TO_GGUF.items()]
+    for value, tname, where in known:
+        name = lib.gqt_ggml_type_name(value).decode()
+        if name and name.upper() != tname:
+            raise GgufToolError(f"{path}: ggml type {value} is {name!r} there but {tname} in {where}",
                                 hint="the native build and the gguf package disagree: rebuild, or reinstall gguftool")
     return lib
 
@@ -52,11 +60,11 @@ def require(type_name: str) -> None:
                             hint=e.hint or "run `gguftool native build`") from None
 
 
-def requires_imatrix(t: GGMLQuantizationType) -> bool:
-    return bool(library().gqt_ggml_requires_imatrix(t.value))
+def requires_imatrix(t: GgmlType) -> bool:
+    return bool(library().gqt_ggml_requires_imatrix(_id(t)))
 
 
-def quantize(t: GGMLQuantizationType, x: np.ndarray, row_bytes: int, imatrix: np.ndarray | None = None) -> np.ndarray:
+def quantize(t: GgmlType, x: np.ndarray, row_bytes: int, imatrix: np.ndarray | None = None) -> np.ndarray:
     """float32 rows [rows, n] -> uint8 [rows, row_bytes] by ggml_quantize_chunk (imatrix: n weights
     per column, as llama-quantize passes them)."""
     lib = library()
@@ -67,7 +75,7 @@ def quantize(t: GGMLQuantizationType, x: np.ndarray, row_bytes: int, imatrix: np
         if imatrix.shape != (n,):
             raise GgufToolError(f"importance matrix of {imatrix.size} values for rows of {n}")
     out = np.empty((rows, row_bytes), np.uint8)
-    got = lib.gqt_ggml_quantize(t.value, x.ctypes.data_as(_F32P), out.ctypes.data, rows, n,
+    got = lib.gqt_ggml_quantize(_id(t), x.ctypes.data_as(_F32P), out.ctypes.data, rows, n,
                                 None if imatrix is None else imatrix.ctypes.data_as(_F32P))
     if got == -3:
         raise GgufToolError(f"{t.name} needs an importance matrix", hint="pass --imatrix FILE (make one with `gguftool imatrix`)")
@@ -78,16 +86,16 @@ def quantize(t: GGMLQuantizationType, x: np.ndarray, row_bytes: int, imatrix: np
     return out
 
 
-def validate(t: GGMLQuantizationType, data: np.ndarray) -> bool:
+def validate(t: GgmlType, data: np.ndarray) -> bool:
     """ggml_validate_row_data: what llama.cpp checks when it loads the rows."""
     data = np.ascontiguousarray(data)
-    return bool(library().gqt_ggml_validate(t.value, data.ctypes.data, data.nbytes))
+    return bool(library().gqt_ggml_validate(_id(t), data.ctypes.data, data.nbytes))
 
 
-def dequantize(t: GGMLQuantizationType, data: np.ndarray, n_per_row: int) -> np.ndarray:
+def dequantize(t: GgmlType, data: np.ndarray, n_per_row: int) -> np.ndarray:
     """uint8 rows [rows, row_bytes] -> float32 [rows, n_per_row] by ggml's own to_float."""
     data = np.ascontiguousarray(data, dtype=np.uint8)
     out = np.empty((data.shape[0], n_per_row), np.float32)
-    if not library().gqt_ggml_dequantize(t.value, data.ctypes.data, out.ctypes.data_as(_F32P), out.shape[0], n_per_row):
+    if not library().gqt_ggml_dequantize(_id(t), data.ctypes.data, out.ctypes.data_as(_F32P), out.shape[0], n_per_row):
         raise GgufToolError(f"ggml has no dequantizer for {t.name} rows of {n_per_row}")
     return out

@@ -23,14 +23,17 @@ from .source import ModelSource
 # llama-quantize's QUANT_OPTIONS names (pinned tools/quantize/quantize.cpp) that gguf can represent.
 FTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4_MOE", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S",
           "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-          "IQ3_XS", "IQ4_NL", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16", "F32")
+          "IQ3_XS", "IQ4_NL", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16", "F32", "Q1_0", "Q2_0")
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}   # as llama-quantize reads them
 
 # tensor_type_fallback: a type whose block does not divide the row -> the type llama-quantize uses
 # (then F16 if that does not divide either).
 FALLBACK = {**dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"), "IQ4_NL"),
-            **dict.fromkeys(("Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), "Q4_0"),
+            **dict.fromkeys(("Q2_0", "Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), "Q4_0"),
             "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+# llama_ftype values (pinned include/llama.h) of file types that gguf.LlamaFileType lacks
+FILE_TYPE_IDS_GGUF_LACKS = {"Q2_0": 41}
 
 # tensor_requires_imatrix: types that give garbage without an importance matrix
 NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S")
@@ -42,6 +45,14 @@ def ftype(name: str) -> str | None:
     """The llama-quantize file type a target names (aliases resolved), or None."""
     n = ALIASES.get(name.upper(), name.upper())
     return n if n in FTYPES else None
+
+
+def file_type_id(name: str) -> int | None:
+    """general.file_type for llama-quantize's file type `name` (or a plain type name: ALL_F32, MOSTLY_*)."""
+    if name == "F32":
+        return int(gguf.LlamaFileType.ALL_F32)
+    member = getattr(gguf.LlamaFileType, f"MOSTLY_{name}", None)
+    return int(member) if member is not None else FILE_TYPE_IDS_GGUF_LACKS.get(name)
 
 
 def requires_imatrix(tensor: str, type_name: str, file_type: str | None) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType, LlamaFileType
+from gguf import GGUFValueType
 
 from .. import types
 from ..errors import GgufToolError
@@ -187,10 +187,9 @@ def declare(w, src: ModelSource, plan: Plan, *, target: str, params: dict[str, A
     src.write_metadata(w)
     custom = types.lookup(target)
     # our llama.cpp build numbers a custom type's file type by its type id (what its llama-quantize writes)
-    ftype = custom.id if custom else getattr(LlamaFileType, f"MOSTLY_{file_type or target}", None) or (
-        LlamaFileType.ALL_F32 if target == "F32" else None)
+    ftype = custom.id if custom else llama_mix.file_type_id(file_type or target)
     if ftype is not None:
-        w.add("general.file_type", int(ftype), GGUFValueType.UINT32)
+        w.add("general.file_type", ftype, GGUFValueType.UINT32)
     else:
         w.remove("general.file_type")
     for key, (value, vtype) in {**(imatrix_record(imatrix) if imatrix else {}), **(overrides or {})}.items():

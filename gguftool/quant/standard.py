@@ -143,7 +143,7 @@ def _f16_to_f32(h: np.ndarray) -> np.ndarray:
     return out
 
 
-def _dequantizer(t: GGMLQuantizationType):
+def _dequantizer(t: GGMLQuantizationType | types.TensorType):
     def dequantize(data: np.ndarray) -> np.ndarray:
         if t == GGMLQuantizationType.F32:
             return data.view(np.float32)
@@ -154,8 +154,31 @@ def _dequantizer(t: GGMLQuantizationType):
             from ..native import ggml_lib
             tt = types.stock(t.name)
             return ggml_lib.dequantize(t, data, data.shape[1] // tt.type_size * tt.block_size)
+        if t.name in _OWN_DEQUANTIZERS:
+            return _OWN_DEQUANTIZERS[t.name](data)
         return quants.dequantize(data.view(np.uint8), t).astype(np.float32, copy=False)
     return dequantize
+
+
+def _q1_0_dequantize(data: np.ndarray) -> np.ndarray:
+    """ggml's dequantize_row_q1_0: per 128 values an fp16 d, then one bit each (set: +d, clear: -d)."""
+    b = data.view(np.uint8).reshape(-1, 18)
+    d = _f16_to_f32(b[:, :2].copy().view(np.uint16))
+    bits = np.unpackbits(b[:, 2:], axis=1, bitorder="little").astype(bool)
+    return np.where(bits, d, -d).reshape(*data.shape[:-1], -1)
+
+
+def _q2_0_dequantize(data: np.ndarray) -> np.ndarray:
+    """ggml's dequantize_row_q2_0: per 64 values an fp16 d, then 2-bit codes q (four a byte, low bits
+    first); x = (q - 1) * d."""
+    b = data.view(np.uint8).reshape(-1, 18)
+    d = _f16_to_f32(b[:, :2].copy().view(np.uint16))
+    q = (b[:, 2:, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
+    return ((q.reshape(len(b), 64).astype(np.float32) - 1) * d).reshape(*data.shape[:-1], -1)
+
+
+# upstream types that gguf.quants cannot read: their numpy twins of ggml's dequantizers
+_OWN_DEQUANTIZERS = {"Q1_0": _q1_0_dequantize, "Q2_0": _q2_0_dequantize}
 
 
 def _readable(t: GGMLQuantizationType) -> bool:
@@ -168,3 +191,6 @@ for _t in GGMLQuantizationType:   # every type gguf.quants reads; those gguftool
              _native_quantizer(_t) if _t.name in types.NATIVE_STOCK else None)
         register(types.stock(_t.name), q, _dequantizer(_t),
                  {"solver": "ref"} if _t.name in (*types.HQQ_STOCK_TARGETS, *KQ_SEARCH) else {}, importance=q is not None)
+for _name in _OWN_DEQUANTIZERS:   # written by ggml's C code (native build), read by their numpy twins anywhere
+    _tt = types.stock(_name)
+    register(_tt, _native_quantizer(_tt), _dequantizer(_tt), importance=True)
