@@ -309,3 +309,24 @@ def test_a_recipes_folder_in_site_packages_is_not_ours(tmp_path):
     assert checkout_recipe_dir(repo / "gguftool") == repo / "recipes"
     # this checkout's own recipes are found, and they are the repository's files
     assert available()["phone-small"] == Path(__file__).resolve().parents[1] / "recipes" / "phone-small.toml"
+
+
+def test_target_size_a_hair_under_a_uniform_file_names_the_size_that_takes_it(tmp_path, rng, capsys):
+    """--target-size one byte under uniform Q5_0's whole file: the note names uniform Q5_0 and a --target-size
+    that takes it, the exact size of that file (the recipe's records make it a little larger than plain Q5_0's)."""
+    path = tiny_llama(tmp_path / "t.gguf", rng, n_embd=256, n_ff=512, n_vocab=128)
+    r = _recipe(tmp_path, ["Q4_0", "Q5_0", "Q8_0"])
+    assert main(["quantize", str(path), str(tmp_path / "q5.gguf"), "Q5_0", "--pure", "-t", "1"]) == 0
+    q5 = (tmp_path / "q5.gguf").stat().st_size
+    capsys.readouterr()
+    assert main(["quantize", str(path), str(tmp_path / "o.gguf"), "--recipe", str(r), "--target-size", str(q5 - 1),
+                 "-t", "1"]) == 0
+    assert (tmp_path / "o.gguf").stat().st_size < q5
+    take = re.search(r"uniform Q5_0, [0-9.e-]+% over the budget, scores [0-9.e-]+ \(--target-size (\d+) takes it\)",
+                     capsys.readouterr().err)
+    assert take, "no hint"
+    assert main(["quantize", str(path), str(tmp_path / "u.gguf"), "--recipe", str(r), "--target-size", take[1],
+                 "-t", "1"]) == 0
+    assert "fits, uniform Q5_0" in capsys.readouterr().err
+    assert {t.type.name for t in GGUFFile(tmp_path / "u.gguf").tensors if len(t.shape) == 2} == {"Q5_0"}
+    assert (tmp_path / "u.gguf").stat().st_size == int(take[1]) >= q5

@@ -112,8 +112,8 @@ def fit_budget(args):
         near = fit.near_uniform()
         if near:
             over = near[1] - fit.data_budget
-            take = f"--target-size of about {target + over}" if whole else \
-                f"--target-bpw {math.ceil(near[1] * 8000 / plan.n_params) / 1000:g}"   # padding varies by plan
+            take = f"--target-size {file_bytes(fit.plan_of(near[0])) + target - budget}" if whole else \
+                f"--target-bpw {math.ceil(near[1] * 8000 / plan.n_params) / 1000:g}"
             against += f"; {near[0]}, {100 * over / fit.data_budget:.2g}% over the budget, scores {near[2]:.4g} ({take} takes it)"
         by = [w for w, on in (("the importance matrix", imatrix is not None), ("measured sensitivity", sens)) if on]
         print(f"note: {what}: {fit.chosen} of {', '.join(allowed)}{' with ' + ' and '.join(by) if by else ''}, "

@@ -102,6 +102,7 @@ class Fit:
     objective: float
     data_budget: int                               # bytes of tensor data allowed
     candidates: dict[str, tuple[int, float]] = field(default_factory=dict)   # name -> (tensor bytes, objective)
+    plan_of: Callable[[str], Plan] | None = None   # a candidate's name -> its plan
 
     def _best_uniform(self, keep) -> tuple[str, int, float] | None:
         """(name, bytes, objective) of the lowest-scoring uniform candidate whose (bytes, objective) `keep` takes."""
@@ -211,19 +212,25 @@ def _search(plan, free, table, allowed, data_budget, fixed_bytes, budget_bytes, 
               for k, v in candidates.items()}
     fits = [k for k, (b, _) in scored.items() if b <= data_budget]
     best = min(fits, key=lambda k: (scored[k][1], scored[k][0], k != "mix"))
-    chosen = dict(zip((id(s) for s in free), candidates[best]))
+    return Fit(_with_types(plan, free, candidates[best], best == "as planned"), best, scored[best][1], data_budget,
+               scored, lambda k: _with_types(plan, free, candidates[k], k == "as planned"))
+
+
+def _with_types(plan: Plan, free: list, names: list[str], as_planned: bool) -> Plan:
+    """`plan` with free step i at type names[i]."""
+    chosen = dict(zip((id(s) for s in free), names))
     steps = []
     for s in plan.steps:
         if id(s) not in chosen:
             steps.append(s)
             continue
         out = codec(chosen[id(s)]).type
-        if out.id == s.out_type.id and best == "as planned":
+        if out.id == s.out_type.id and as_planned:
             steps.append(s)
             continue
         action = "copy" if out.id == s.tensor.type.id else "quantize"
         steps.append(replace(s, out_type=out, action=action, note=""))   # (a note per tensor would flood stderr)
-    return Fit(Plan(steps), best, scored[best][1], data_budget, scored)
+    return Plan(steps)
 
 
 def _nearest(tab: dict[str, tuple[int, float]], allowed: list[str], name: str) -> str:
