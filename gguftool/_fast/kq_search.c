@@ -3,7 +3,7 @@
  * candidate is computed with the float operations of ggml's dequantize, and the value codes are
  * chosen by the same IEEE rounding in the vector and the scalar code. */
 #include <math.h>
-#include <stdlib.h>
+#include <stdlib.h>   /* abs */
 #pragma GCC diagnostic ignored "-Wpsabi"   /* 8-lane vectors passed between static inline helpers only */
 #include <string.h>
 
@@ -217,54 +217,6 @@ static void qk_continuous(const float * x, const float * w, float nmax, float * 
     *a_out = ba; *b_out = bb;
 }
 
-/* the best continuous pair of one sub-block over its two end levels: the lowest at min + f*range, the highest
- * at max - g*range, f and g on a grid of QK_ENDS in -0.02..0.4 (clipping a low-weight extreme often pays: with
- * an importance matrix the optimum sits far inside the range, where qk_continuous's scales, anchored at the
- * minimum, do not reach), then a finer QK_FINE x QK_FINE grid within one step of the best, then least-squares
- * rounds. scripts/kquant_bound.py measures how close this comes to the best continuous pair. */
-#define QK_ENDS 12
-#define QK_FINE 9
-static float qk_ends_err(const float * x, const float * w, float nmax, float mn, float mx, float f, float g, float * s, float * o) {
-    const float span = mx - mn;
-    float lo = mn + span * f;
-    lo = lo < 0 ? lo : 0;   /* the min is never above 0 in these layouts */
-    const float hi = mx - span * g;
-    if (!(hi > lo)) return INFINITY;
-    *s = (hi - lo) / nmax; *o = -lo;
-    return qk_sub_err(x, w, nmax, *s, *o);
-}
-static void qk_ends(const float * x, const float * w, float nmax, float * a_out, float * b_out) {
-    float mn = x[0], mx = x[0];
-    for (int i = 1; i < 32; ++i) { mn = x[i] < mn ? x[i] : mn; mx = x[i] > mx ? x[i] : mx; }
-    *a_out = 0; *b_out = mn < 0 ? -mn : 0;
-    if (!(mx > mn)) return;
-    const float step = 0.42f / (QK_ENDS - 1);
-    float ba = 0, bb = 0, be = INFINITY, bf = 0, bg = 0, s = 0, o = 0;
-    for (int i = 0; i < QK_ENDS; ++i) {
-        for (int k = 0; k < QK_ENDS; ++k) {
-            const float f = -0.02f + step * (float) i, g = -0.02f + step * (float) k;
-            const float e = qk_ends_err(x, w, nmax, mn, mx, f, g, &s, &o);
-            if (e < be) { be = e; ba = s; bb = o; bf = f; bg = g; }
-        }
-    }
-    const float f0 = bf, g0 = bg;
-    for (int i = 0; i < QK_FINE; ++i) {
-        for (int k = 0; k < QK_FINE; ++k) {
-            const float f = f0 + step * (2.f * (float) i / (QK_FINE - 1) - 1.f), g = g0 + step * (2.f * (float) k / (QK_FINE - 1) - 1.f);
-            const float e = qk_ends_err(x, w, nmax, mn, mx, f, g, &s, &o);
-            if (e < be) { be = e; ba = s; bb = o; }
-        }
-    }
-    for (int it = 0; it < 4; ++it) {
-        float a, b;
-        if (!qk_ls(x, w, nmax, ba, bb, &a, &b)) break;
-        const float e = qk_sub_err(x, w, nmax, a, b);
-        if (!(e < be)) break;
-        be = e; ba = a; bb = b;
-    }
-    *a_out = ba; *b_out = bb;
-}
-
 static void qk_rounds(const float * x, const float * w, float nmax, qk_params * p, int rounds, float * sub, double * E_io) {
     double E = *E_io;
     for (int r = 0; r < rounds; ++r) {
@@ -326,21 +278,18 @@ static double qk_refine_block(const float * x, const float * w, float nmax, qk_p
     *before = E;
     if (p->d == 0.f) return E;
     qk_rounds(x, w, nmax, p, rounds, sub, &E);
-    /* two more starts: each sub-block's continuous optimum (by its scale, then by its end levels), put on the
-     * 6-bit grid of max/63 */
-    for (int start = 0; start < 2; ++start) {
-        float a[8], b[8], amax = 0, bmax = 0;
-        for (int j = 0; j < 8; ++j) {
-            (start == 0 ? qk_continuous : qk_ends)(x + 32 * j, w + 32 * j, nmax, &a[j], &b[j]);
-            amax = a[j] > amax ? a[j] : amax; bmax = b[j] > bmax ? b[j] : bmax;
-        }
-        qk_params q;
-        if (!qk_grid(x, w, nmax, a, b, amax, bmax, &q)) continue;
-        float subq[8];
-        double Eq = qk_block_err(x, w, nmax, &q, subq);
-        qk_rounds(x, w, nmax, &q, rounds, subq, &Eq);
-        if (Eq < E) { *p = q; E = Eq; }
+    /* a second start: each sub-block's continuous optimum, put on the 6-bit grid of max/63 */
+    float a[8], b[8], amax = 0, bmax = 0;
+    for (int j = 0; j < 8; ++j) {
+        qk_continuous(x + 32 * j, w + 32 * j, nmax, &a[j], &b[j]);
+        amax = a[j] > amax ? a[j] : amax; bmax = b[j] > bmax ? b[j] : bmax;
     }
+    qk_params q;
+    if (!qk_grid(x, w, nmax, a, b, amax, bmax, &q)) return E;
+    float subq[8];
+    double Eq = qk_block_err(x, w, nmax, &q, subq);
+    qk_rounds(x, w, nmax, &q, rounds, subq, &Eq);
+    if (Eq < E) { *p = q; E = Eq; }
     return E;
 }
 
