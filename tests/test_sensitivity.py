@@ -48,17 +48,25 @@ def test_the_objective_is_the_measured_kld_at_the_probe(tmp_path, rng):
     assert fit.candidates["uniform Q8_0"][1] < 0.01 * sum(kld.values())
 
 
-def test_unmeasured_tensors_take_their_roles_median():
-    s = _sens({"blk.0.ffn_down.weight": 0.02, "blk.1.ffn_down.weight": 0.04, "blk.2.ffn_down.weight": 0.09,
+def test_unmeasured_tensors_take_their_role_interpolated_by_depth():
+    s = _sens({"blk.0.ffn_down.weight": 0.02, "blk.2.ffn_down.weight": 0.04, "blk.6.ffn_down.weight": 0.09,
                "blk.0.attn_q.weight": 0.5, "output.weight": 3.0})
-    err = {"blk.0.ffn_down.weight": 0.01, "blk.1.ffn_down.weight": 0.01, "blk.2.ffn_down.weight": 0.01,
-           "blk.3.ffn_down.weight": 0.01, "blk.0.attn_q.weight": 0.01, "blk.1.attn_v.weight": 0.01,
-           "output.weight": 0.0}   # on the probe's grid already: unmeasurable, so the median of all
+    err = {f"blk.{i}.ffn_down.weight": 0.01 for i in (0, 1, 2, 5, 6, 8)}
+    err.update({"blk.0.attn_q.weight": 0.01, "blk.3.attn_q.weight": 0.01, "blk.1.attn_v.weight": 0.01,
+                "output.weight": 0.0})   # output: on the probe's grid already, so unmeasurable
     w = sensitivity.weights(s, err)
-    assert w["blk.0.ffn_down.weight"] == pytest.approx(2.0) and w["blk.2.ffn_down.weight"] == pytest.approx(9.0)
-    assert w["blk.3.ffn_down.weight"] == pytest.approx(4.0)     # median of its role: 2, 4, 9
+    assert w["blk.0.ffn_down.weight"] == pytest.approx(2.0) and w["blk.6.ffn_down.weight"] == pytest.approx(9.0)
+    assert w["blk.1.ffn_down.weight"] == pytest.approx(3.0)     # between blocks 0 (2) and 2 (4)
+    assert w["blk.5.ffn_down.weight"] == pytest.approx(7.75)    # 3/4 of the way from block 2 (4) to 6 (9)
+    assert w["blk.8.ffn_down.weight"] == pytest.approx(9.0)     # beyond the last measured block: its value
+    assert w["blk.3.attn_q.weight"] == pytest.approx(50.0)      # its role's one measured block
     assert w["blk.1.attn_v.weight"] == pytest.approx(6.5)       # no attn_v measured: median of all (2, 4, 9, 50)
     assert w["output.weight"] == pytest.approx(6.5)
+
+
+def test_every_block_samples_the_first_and_last_blocks():
+    assert sensitivity.sampled_blocks(30, 4) == {0, 4, 8, 12, 16, 20, 24, 28, 29}
+    assert sensitivity.sampled_blocks(30, 1) == set(range(30)) and sensitivity.sampled_blocks(1, 8) == {0}
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -115,3 +123,12 @@ def test_measured_on_smollm2_ranks_as_the_one_at_a_time_runs(native, smollm2, tm
     # the other tensors weigh the median of the two: the one measured cheap is demoted, the costly one kept
     assert "blk.26.ffn_down.weight" in demoted["measured"] and "blk.11.ffn_down.weight" not in demoted["measured"]
     assert "blk.11.ffn_down.weight" in demoted["swapped"] and "blk.26.ffn_down.weight" not in demoted["swapped"]
+
+
+def test_every_block_measures_the_sampled_blocks_only(native, smollm2, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "s.json"
+    assert main(["sensitivity", str(smollm2), "-o", str(out), "--tensors", r"ffn_down", "--every-block", "10",
+                 "-t", "2"]) == 0
+    s = sensitivity.load(out, GGUFFile(smollm2))
+    assert set(s.kld) == {f"blk.{b}.ffn_down.weight" for b in (0, 10, 20, 29)} and s.info["every_block"] == 10
+    assert all(v > 0 for v in s.kld.values())

@@ -10,8 +10,10 @@ then weights each type's error by it, so its objective estimates the KLD of a pl
 tensors' parts: quantizing blk.11's and blk.28's ffn_down together costs 0.0349, alone 0.0291 + 0.0064).
 
 The file is JSON, written whole or not at all; a tensor the probe cannot take (its rows do not divide the
-probe's block) is listed under "skipped" and weighted by the median of its role (its name without the block
-number) at planning time.
+probe's block) is listed under "skipped". A tensor without a measurement (skipped, or left out by --tensors or
+--every-block, which measures every n-th block to cut the cost on large models) takes, at planning time, the
+value of its role (its name without the block number) interpolated by depth between the nearest measured
+blocks, else the median of all.
 """
 from __future__ import annotations
 
@@ -60,10 +62,20 @@ def probe_plan(plan: Plan, probe: str, one: Step) -> Plan:
                  replace(s, out_type=s.tensor.type, action="copy") for s in plan.steps])
 
 
+def block_of(name: str) -> int | None:
+    m = re.match(r"blk\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def sampled_blocks(n_blocks: int, every: int) -> set[int]:
+    """Blocks 0, every, 2*every, ... and the last (the first and last blocks are often the sensitive ones)."""
+    return {*range(0, n_blocks, every), n_blocks - 1}
+
+
 def measure(src: ModelSource, model: Path, out: Path, text: Path, *, probe: str = DEFAULT_PROBE, chunks: int = 2,
-            ctx: int = 512, threads: int = 2, select: str | None = None) -> Sensitivity:
+            ctx: int = 512, threads: int = 2, select: str | None = None, every_block: int = 1) -> Sensitivity:
     """One native llama-perplexity run per quantizable tensor (select: a regex on the names to measure only
-    some) -> `out`."""
+    some; every_block: only the tensors of sampled_blocks() besides those outside the blocks) -> `out`."""
     from . import plan as planning
     from .kvcalib import kld
     from .progress import bar
@@ -75,6 +87,10 @@ def measure(src: ModelSource, model: Path, out: Path, text: Path, *, probe: str 
     plan = planning.make_plan(src, planning.Options(target="F32", pure=True, allow_requantize=True))
     rule, spent = planning.make_rule(select, probe, {}, "--tensors") if select else None, {}
     free = [s for s in plan.steps if s.quantizable and (rule is None or planning.matches(rule, s.tensor.name, spent))]
+    if every_block > 1:
+        from .budget import n_blocks
+        keep = sampled_blocks(n_blocks(src), every_block)
+        free = [s for s in free if block_of(s.tensor.name) is None or block_of(s.tensor.name) in keep]
     if not free:
         raise GgufToolError(f"{model}: no quantizable tensor" + (f" matches {select!r}" if select else ""))
     skipped = {s.tensor.name: f"rows of {s.tensor.n_per_row} do not divide {probe}'s block of {c.block_size}"
@@ -93,6 +109,8 @@ def measure(src: ModelSource, model: Path, out: Path, text: Path, *, probe: str 
             pb.update()
     info = {"model": model.name, "tensors": len([s for s in plan.steps if s.quantizable]), "text": text.name,
             "chunks": chunks, "ctx": ctx, "base_ppl": base.get("ppl")}
+    if every_block > 1:
+        info["every_block"] = every_block
     sens = Sensitivity(out, probe, result, skipped, info)
     tmp_out = temporary_path(out, "gguftool-tmp")
     try:
@@ -141,11 +159,23 @@ def load(path: Path, src: ModelSource) -> Sensitivity:
 def weights(sens: Sensitivity, probe_error: dict[str, float]) -> dict[str, float]:
     """Each tensor's KLD per unit of relative error: its measured KLD over its relative error at the probe type
     (probe_error, as budget.measure gives it). A tensor without both (not measured, or the probe leaves it
-    unchanged: it already is on the probe's grid) gets the median of its role, else of all."""
+    unchanged: it already is on the probe's grid) takes its role's value interpolated linearly by block between
+    the nearest measured blocks below and above (the nearest one beyond the ends), else the median of all."""
     own = {n: sens.kld[n] / e for n, e in probe_error.items() if n in sens.kld and e > 1e-12}
-    by_role: dict[str, list[float]] = {}
+    by_role: dict[str, list[tuple[int, float]]] = {}
     for n, w in own.items():
-        by_role.setdefault(role(n), []).append(w)
+        if block_of(n) is not None:
+            by_role.setdefault(role(n), []).append((block_of(n), w))
     overall = statistics.median(own.values()) if own else 1.0
-    return {n: own.get(n, statistics.median(by_role[role(n)]) if role(n) in by_role else overall)
-            for n in probe_error}
+
+    def guess(n: str) -> float:
+        b, known = block_of(n), sorted(by_role.get(role(n), []))
+        if b is None or not known:
+            return overall
+        below = [p for p in known if p[0] <= b]
+        above = [p for p in known if p[0] >= b]
+        if not below or not above:
+            return (below or above)[-1 if below else 0][1]
+        (b0, w0), (b1, w1) = below[-1], above[0]
+        return w0 if b1 == b0 else w0 + (w1 - w0) * (b - b0) / (b1 - b0)
+    return {n: own[n] if n in own else guess(n) for n in probe_error}
