@@ -120,9 +120,12 @@ def test_measured_on_smollm2_ranks_as_the_one_at_a_time_runs(native, smollm2, tm
         got = capsys.readouterr()
         assert "with measured sensitivity, estimated KLD" in got.err
         demoted[name] = {t["name"] for t in json.loads(got.out)["tensors"] if t["to"] == "Q4_HQQ_128"}
-    # the other tensors weigh the median of the two: the one measured cheap is demoted, the costly one kept
+    # the other ffn_down take the pair's values interpolated by depth (beyond them, the nearer one's): what is
+    # demoted lies on the side measured cheap, and the tensor measured costly is kept
     assert "blk.26.ffn_down.weight" in demoted["measured"] and "blk.11.ffn_down.weight" not in demoted["measured"]
-    assert "blk.11.ffn_down.weight" in demoted["swapped"] and "blk.26.ffn_down.weight" not in demoted["swapped"]
+    assert all(sensitivity.block_of(n) > 11 for n in demoted["measured"]), demoted
+    assert "blk.26.ffn_down.weight" not in demoted["swapped"] and demoted["swapped"], demoted
+    assert all(sensitivity.block_of(n) < 26 for n in demoted["swapped"]), demoted
 
 
 def test_every_block_measures_the_sampled_blocks_only(native, smollm2, tmp_path, capsys):  # noqa: F811

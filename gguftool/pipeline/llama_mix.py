@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import GgufToolError
 from .source import ModelSource
 
-# llama-quantize's QUANT_OPTIONS names (pinned tools/quantize/quantize.cpp) that gguf can represent.
+# llama-quantize's QUANT_OPTIONS names (pinned tools/quantize/quantize.cpp), all but COPY.
 FTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4_MOE", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S",
           "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "Q3_K_S", "Q3_K_M", "Q3_K_L",
           "IQ3_XS", "IQ4_NL", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16", "BF16", "F32", "Q1_0", "Q2_0")

@@ -174,8 +174,10 @@ def weights(sens: Sensitivity, probe_error: dict[str, float]) -> dict[str, float
             return overall
         below = [p for p in known if p[0] <= b]
         above = [p for p in known if p[0] >= b]
-        if not below or not above:
-            return (below or above)[-1 if below else 0][1]
+        if not above:
+            return below[-1][1]
+        if not below:
+            return above[0][1]
         (b0, w0), (b1, w1) = below[-1], above[0]
         return w0 if b1 == b0 else w0 + (w1 - w0) * (b - b0) / (b1 - b0)
     return {n: own[n] if n in own else guess(n) for n in probe_error}
