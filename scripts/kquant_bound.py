@@ -1,6 +1,6 @@
 """How far below llama-quantize's error can any Q4_K / Q5_K file go? A lower bound, beside the search.
 
-    PYTHONPATH=. python scripts/kquant_bound.py                     # MiniLM and Gemma, every 16th row (~3 min)
+    PYTHONPATH=. python scripts/kquant_bound.py                     # MiniLM and Gemma, every 16th row (~2 min)
     PYTHONPATH=. python scripts/kquant_bound.py --sets gemma --every 64 --grid 96   # a finer check of the bound
 
 Q4_K decodes a sub-block of 32 values as x = d*sc*q - dmin*m: q in 0..15, sc and m 6-bit codes, d and dmin fp16

@@ -166,13 +166,19 @@ def test_a_uniform_plan_just_over_the_budget_is_named_with_the_target_that_takes
     bpw = (q5 - 1) * 8 / base.n_params
     assert main(["quantize", str(path), str(tmp_path / "o.gguf"), "--recipe", str(r), "--target-bpw", f"{bpw:.6f}",
                  "-t", "1"]) == 0
-    take = re.search(r"uniform Q5_0, [0-9.e-]+% over the budget, scores [0-9.e-]+ \(--target-bpw ([0-9.]+) takes it\)",
+    _follow_the_hint(path, r, tmp_path, capsys, "--target-bpw", "[0-9.]+")
+
+
+def _follow_the_hint(path, recipe, tmp_path, capsys, flag: str, value: str) -> str:
+    """The note just printed names uniform Q5_0 and the `flag` value that takes it; quantizing with that value
+    gives uniform Q5_0 (written to u.gguf). Returns the value."""
+    take = re.search(rf"uniform Q5_0, [0-9.e-]+% over the budget, scores [0-9.e-]+ \({flag} ({value}) takes it\)",
                      capsys.readouterr().err)
     assert take, "no hint"
-    assert main(["quantize", str(path), str(tmp_path / "u.gguf"), "--recipe", str(r), "--target-bpw", take[1],
-                 "-t", "1"]) == 0
+    assert main(["quantize", str(path), str(tmp_path / "u.gguf"), "--recipe", str(recipe), flag, take[1], "-t", "1"]) == 0
     assert "fits, uniform Q5_0" in capsys.readouterr().err
     assert {t.type.name for t in GGUFFile(tmp_path / "u.gguf").tensors if len(t.shape) == 2} == {"Q5_0"}
+    return take[1]
 
 
 def _outlier_pair(path, rng):
@@ -322,11 +328,5 @@ def test_target_size_a_hair_under_a_uniform_file_names_the_size_that_takes_it(tm
     assert main(["quantize", str(path), str(tmp_path / "o.gguf"), "--recipe", str(r), "--target-size", str(q5 - 1),
                  "-t", "1"]) == 0
     assert (tmp_path / "o.gguf").stat().st_size < q5
-    take = re.search(r"uniform Q5_0, [0-9.e-]+% over the budget, scores [0-9.e-]+ \(--target-size (\d+) takes it\)",
-                     capsys.readouterr().err)
-    assert take, "no hint"
-    assert main(["quantize", str(path), str(tmp_path / "u.gguf"), "--recipe", str(r), "--target-size", take[1],
-                 "-t", "1"]) == 0
-    assert "fits, uniform Q5_0" in capsys.readouterr().err
-    assert {t.type.name for t in GGUFFile(tmp_path / "u.gguf").tensors if len(t.shape) == 2} == {"Q5_0"}
-    assert (tmp_path / "u.gguf").stat().st_size == int(take[1]) >= q5
+    size = _follow_the_hint(path, r, tmp_path, capsys, "--target-size", r"\d+")
+    assert (tmp_path / "u.gguf").stat().st_size == int(size) >= q5
